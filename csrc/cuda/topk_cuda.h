@@ -1,0 +1,27 @@
+// Host-side entry points of the CUDA top-k kernels. No XLA or JAX headers:
+// the FFI layer (ffi/topk.cc) decodes buffers and calls these.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jax_topk/dtypes.h"
+
+namespace jax_topk::cuda {
+
+// Bytes of device scratch `topk_rows` needs for this problem (may be 0).
+// Pure function of its arguments and the current device's properties.
+size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k);
+
+// Top-k along the last axis of a row-major [rows, n] array of `dtype`.
+// `values` receives the raw bits of the k best elements of each row ([rows, k],
+// same dtype) and `indices` their positions (int32), sorted best first by the
+// IEEE total order (ties: lower index first). Enqueued on `stream`; returns the
+// launch error if any. Requires 0 <= k <= n < 2^31; rows or k may be 0.
+cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
+                      int64_t rows, int64_t n, int64_t k, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace jax_topk::cuda

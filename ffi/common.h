@@ -1,0 +1,134 @@
+// Shared pieces of the FFI handlers: dtype decoding, shape checks with clear
+// messages, and the adapter from XLA's intra-op thread pool to the kernels'
+// TaskRunner.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "cpu/task_runner.h"
+#include "jax_topk/dtypes.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_topk::ffi_util {
+
+namespace ffi = ::xla::ffi;
+
+inline std::optional<DType> to_dtype(ffi::DataType t) {
+  switch (t) {
+#define JAX_TOPK_FFI_DTYPE_CASE(name, ffi_name, bits, kind) \
+  case ffi::DataType::ffi_name:                             \
+    return DType::name;
+    JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_FFI_DTYPE_CASE)
+#undef JAX_TOPK_FFI_DTYPE_CASE
+    default:
+      return std::nullopt;
+  }
+}
+
+inline std::string shape_string(ffi::AnyBuffer::Dimensions dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + (dims.size() == 1 ? ",)" : ")");
+}
+
+// A [..., n] operand seen as `rows` rows of length `n`.
+struct RowGeometry {
+  int64_t rows = 0;
+  int64_t n = 0;
+};
+
+// Decodes the operand of a last-axis op and checks the outputs ([..., k]).
+// Errors name the op, the buffers and their shapes.
+inline ffi::Error row_geometry(const char* op, const ffi::AnyBuffer& x,
+                               const ffi::AnyBuffer& values, int64_t out_len,
+                               RowGeometry* out) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": operand must have rank >= 1, got a scalar");
+  }
+  const int64_t n = dims.back();
+  if (n >= (int64_t(1) << 31)) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": the last axis of operand " +
+                                       shape_string(dims) + " must be shorter than 2^31 (int32 indices)");
+  }
+  if (out_len < 0 || out_len > n) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": k=" + std::to_string(out_len) +
+                                       " must be in [0, " + std::to_string(n) + "] for operand " +
+                                       shape_string(dims));
+  }
+  const auto vdims = values.dimensions();
+  bool same = vdims.size() == dims.size() && vdims.back() == out_len;
+  for (size_t i = 0; same && i + 1 < dims.size(); ++i) same = vdims[i] == dims[i];
+  if (!same || values.element_type() != x.element_type()) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": output " + shape_string(vdims) +
+                                       " does not match operand " + shape_string(dims) +
+                                       " with k=" + std::to_string(out_len));
+  }
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  out->rows = rows;
+  out->n = n;
+  return ffi::Error::Success();
+}
+
+inline ffi::Error unsupported_dtype(const char* op, ffi::DataType t) {
+  return ffi::Error::InvalidArgument(std::string(op) + ": no native kernel for element type " +
+                                     std::to_string(int(t)) + " (the Python side should have used "
+                                     "the pure-JAX fallback)");
+}
+
+// Runs kernel tasks on XLA's intra-op thread pool. The calling thread works
+// too, and waits only for tasks that were claimed, never for pool threads to
+// start: a handler running on a pool thread, or a pool of one, cannot deadlock.
+class XlaThreadPoolRunner final : public cpu::TaskRunner {
+ public:
+  explicit XlaThreadPoolRunner(ffi::ThreadPool& pool)
+      : pool_(pool), threads_(std::max<int64_t>(1, pool.num_threads())) {}
+
+  int64_t concurrency() const override { return threads_; }
+
+  void run(int64_t num_tasks, const std::function<void(int64_t)>& task) override {
+    if (num_tasks <= 1 || threads_ <= 1) {
+      for (int64_t i = 0; i < num_tasks; ++i) task(i);
+      return;
+    }
+    auto state = std::make_shared<State>(num_tasks, &task);
+    const int64_t helpers = std::min(num_tasks, threads_) - 1;
+    for (int64_t h = 0; h < helpers; ++h) pool_.Schedule([state] { state->work(); });
+    state->work();
+    std::unique_lock<std::mutex> lock(state->mutex);
+    state->all_done.wait(lock, [&] { return state->done.load() == num_tasks; });
+  }
+
+ private:
+  struct State {
+    State(int64_t n, const std::function<void(int64_t)>* t) : num_tasks(n), task(t) {}
+    void work() {
+      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
+        (*task)(i);
+        if (done.fetch_add(1) + 1 == num_tasks) {
+          std::lock_guard<std::mutex> lock(mutex);
+          all_done.notify_all();
+        }
+      }
+    }
+    const int64_t num_tasks;
+    const std::function<void(int64_t)>* task;  // valid until every claimed task is done
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mutex;
+    std::condition_variable all_done;
+  };
+
+  ffi::ThreadPool& pool_;
+  int64_t threads_;
+};
+
+}  // namespace jax_topk::ffi_util

@@ -1,0 +1,71 @@
+// The nanobind module of one platform (`_jax_topk_cpu` or `_jax_topk_cuda`):
+// exports {op: (target name, handler capsule)} and what the kernels support,
+// for jax_topk/_registry.py to register with jax.ffi.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "ffi/targets.h"
+#include "ffi/topk.h"
+#include "jax_topk/dtypes.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+#define JAX_TOPK_HANDLER(stem) stem##Cpu
+#define JAX_TOPK_PLATFORM_NAME "cpu"
+#elif defined(JAX_TOPK_PLATFORM_CUDA)
+#define JAX_TOPK_HANDLER(stem) stem##Cuda
+#define JAX_TOPK_PLATFORM_NAME "CUDA"
+#else
+#error "define JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA"
+#endif
+
+#define JAX_TOPK_STRINGIFY_(x) #x
+#define JAX_TOPK_STRINGIFY(x) JAX_TOPK_STRINGIFY_(x)
+// Indirection so that JAX_TOPK_MODULE_NAME is expanded before NB_MODULE pastes it.
+#define JAX_TOPK_NB_MODULE(name, m) NB_MODULE(name, m)
+
+JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
+  m.doc() = "jax_topk native kernels for one platform (FFI handler capsules).";
+
+  m.def("platform", [] { return std::string(JAX_TOPK_PLATFORM_NAME); },
+        "The XLA platform name the handlers are registered for.");
+
+  m.def(
+      "targets",
+      [] {
+        nb::dict d;
+#define JAX_TOPK_EXPORT_TARGET(op, name, stem)                                         \
+  d[#op] = nb::make_tuple(std::string(name),                                          \
+                          nb::capsule(reinterpret_cast<void*>(JAX_TOPK_HANDLER(stem))));
+        JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_EXPORT_TARGET)
+#undef JAX_TOPK_EXPORT_TARGET
+        return d;
+      },
+      "{op family: (FFI target name, handler capsule)}.");
+
+  m.def(
+      "dtypes",
+      [] {
+        nb::list l;
+#define JAX_TOPK_EXPORT_DTYPE(name, ffi_name, bits, kind) l.append(std::string(#name));
+        JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_EXPORT_DTYPE)
+#undef JAX_TOPK_EXPORT_DTYPE
+        return l;
+      },
+      "Element types (numpy names) the native kernels handle.");
+
+  m.def(
+      "build_info",
+      [] {
+        nb::dict d;
+        d["ffi_api_version"] = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+        d["ffi_headers_jaxlib"] = std::string(JAX_TOPK_FFI_JAXLIB_VERSION);
+        d["compiler"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_COMPILER));
+        d["cuda_architectures"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_CUDA_ARCHITECTURES));
+        return d;
+      },
+      "How this module was built: FFI API version, the jaxlib whose headers were used, compiler.");
+}

@@ -1,0 +1,90 @@
+// XLA FFI handlers of the top_k op family: decode the buffers and the `k`
+// attribute, check them, and call the platform's kernel. This file is compiled
+// once per platform module: JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA.
+
+#include "ffi/topk.h"
+
+#include <string>
+
+#include "ffi/common.h"
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+#include "cpu/topk_cpu.h"
+#endif
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+#include "cuda/topk_cuda.h"
+#endif
+
+namespace ffi = ::xla::ffi;
+
+namespace jax_topk {
+namespace {
+
+constexpr const char* kOp = "jax_topk.top_k";
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+ffi::Error topk_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                    ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
+  ffi_util::RowGeometry g;
+  if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
+  const auto dtype = ffi_util::to_dtype(x.element_type());
+  if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
+  ffi_util::XlaThreadPoolRunner runner(pool);
+  cpu::topk_rows(*dtype, x.untyped_data(), values->untyped_data(), indices->typed_data(), g.rows,
+                 g.n, k, runner);
+  return ffi::Error::Success();
+}
+#endif
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+ffi::Error topk_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
+                     ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                     int64_t k) {
+  ffi_util::RowGeometry g;
+  if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
+  const auto dtype = ffi_util::to_dtype(x.element_type());
+  if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
+  const size_t bytes = cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k);
+  void* workspace = nullptr;
+  if (bytes > 0) {
+    auto allocation = scratch.Allocate(bytes, /*alignment=*/16);
+    if (!allocation) {
+      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                        std::string(kOp) + ": could not allocate " + std::to_string(bytes) +
+                            " bytes of scratch");
+    }
+    workspace = *allocation;
+  }
+  const cudaError_t status = cuda::topk_rows(*dtype, x.untyped_data(), values->untyped_data(),
+                                             indices->typed_data(), g.rows, g.n, k, workspace,
+                                             bytes, stream);
+  if (status != cudaSuccess) {
+    return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
+  }
+  return ffi::Error::Success();
+}
+#endif
+
+}  // namespace
+}  // namespace jax_topk
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCpu, jax_topk::topk_cpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));
+#endif
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCuda, jax_topk::topk_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::ScratchAllocator>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));
+#endif

@@ -1,0 +1,16 @@
+"""The few JAX internals this package needs, behind one door (jax 0.10 to 0.12)."""
+
+from __future__ import annotations
+
+import jax
+from jax.interpreters import ad
+
+try:  # where eager calls of a primitive are dispatched
+    from jax._src.dispatch import apply_primitive
+except ImportError:  # pragma: no cover - future layouts
+    from jax._src.interpreters.xla import apply_primitive  # type: ignore
+
+
+def symbolic_zero_tangent(primal) -> ad.Zero:
+    """A symbolic-zero tangent for ``primal`` (float0 for integer primals)."""
+    return ad.Zero(jax.typeof(primal).to_tangent_aval())

@@ -1,0 +1,46 @@
+"""``jax_topk.info()``: which kernels are compiled and registered, and which path runs."""
+
+from __future__ import annotations
+
+import jax
+import jaxlib
+
+from jax_topk import _registry
+from jax_topk._version import __version__
+
+OPS = ("top_k",)
+
+
+def info() -> dict:
+    """What this installation can run.
+
+    Returns a dict with the library, jax and jaxlib versions, the default
+    backend, and per platform (``"cpu"``, ``"cuda"``) whether its native module
+    is compiled and registered, its FFI targets, the dtypes its kernels handle
+    and how it was built (or why it is unavailable). ``"paths"`` tells, for the
+    default backend, which ops run a native kernel and for which dtypes; every
+    other real dtype runs the pure-JAX fallback with identical results.
+
+    Example:
+      >>> import jax_topk
+      >>> sorted(jax_topk.info()["platforms"])
+      ['cpu', 'cuda']
+    """
+    platforms = _registry.describe()
+    backend = jax.default_backend()
+    native = platforms.get(backend, {})
+    return {
+        "jax_topk": __version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": backend,
+        "platforms": platforms,
+        "paths": {
+            op: (
+                {"kernel": native["dtypes"], "other real dtypes": "pure-JAX fallback"}
+                if native.get("native") and op in native["targets"]
+                else {"all dtypes": "pure-JAX fallback"}
+            )
+            for op in OPS
+        },
+    }

@@ -1,0 +1,103 @@
+"""What is compiled, and its registration with JAX.
+
+Each platform has one native module (``_jax_topk_cpu``, ``_jax_topk_cuda``)
+built from ``ffi/module.cc``. It exports its FFI targets ``{op: (target name,
+capsule)}``, the dtypes its kernels handle, and how it was built. This module
+imports the ones that exist, registers their targets with ``jax.ffi`` and
+answers "which kernel serves (op, platform, dtype)?" for the lowering rules.
+Target names and dtype lists are defined once, in C++ (``ffi/targets.h``,
+``csrc/include/jax_topk/dtypes.h``), and only read here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+
+import jax
+import jaxlib
+import numpy as np
+
+# lowering platform name (as in mlir.register_lowering) -> native module
+_MODULES = {"cpu": "jax_topk._jax_topk_cpu", "cuda": "jax_topk._jax_topk_cuda"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeModule:
+    platform: str  # lowering platform: "cpu", "cuda"
+    ffi_platform: str  # platform the targets are registered for: "cpu", "CUDA"
+    targets: dict[str, str]  # op family -> FFI target name
+    dtypes: tuple[str, ...]
+    build: dict
+
+
+_loaded: dict[str, NativeModule] = {}
+_unavailable: dict[str, str] = {}
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
+
+
+def _load(platform: str, module_name: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        _unavailable[platform] = f"not compiled ({e})"
+        return
+    build = dict(module.build_info())
+    # A handler compiled against a newer FFI API than the runtime's is
+    # rejected, and can take the whole backend down: never register it.
+    if _version(jaxlib.__version__) < _version(build["ffi_headers_jaxlib"]):
+        _unavailable[platform] = (
+            f"compiled against the XLA FFI headers of jaxlib {build['ffi_headers_jaxlib']}, "
+            f"but jaxlib {jaxlib.__version__} is older; rebuild jax_topk against it"
+        )
+        return
+    targets = {}
+    for op, (target, capsule) in module.targets().items():
+        jax.ffi.register_ffi_target(target, capsule, platform=module.platform())
+        targets[op] = target
+    _loaded[platform] = NativeModule(
+        platform=platform,
+        ffi_platform=module.platform(),
+        targets=targets,
+        dtypes=tuple(module.dtypes()),
+        build=build,
+    )
+
+
+for _platform, _module_name in _MODULES.items():
+    _load(_platform, _module_name)
+
+
+def platforms() -> tuple[str, ...]:
+    """Lowering platforms with a native module loaded and registered."""
+    return tuple(_loaded)
+
+
+def kernel_target(op: str, platform: str, dtype) -> str | None:
+    """The FFI target serving (op, platform, dtype), or None (use the fallback)."""
+    module = _loaded.get(platform)
+    if module is None or op not in module.targets or np.dtype(dtype).name not in module.dtypes:
+        return None
+    return module.targets[op]
+
+
+def describe() -> dict:
+    """Per platform: whether it is compiled, its targets, dtypes and build."""
+    out = {}
+    for platform in _MODULES:
+        if platform in _loaded:
+            m = _loaded[platform]
+            out[platform] = {
+                "native": True,
+                "ffi_platform": m.ffi_platform,
+                "targets": dict(m.targets),
+                "dtypes": list(m.dtypes),
+                "build": dict(m.build),
+            }
+        else:
+            out[platform] = {"native": False, "reason": _unavailable.get(platform, "unknown")}
+    return out
