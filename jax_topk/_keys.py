@@ -52,8 +52,18 @@ def sort_order(x: jax.Array) -> jax.Array:
     return order
 
 
+def take_bits(x: jax.Array, indices: jax.Array) -> jax.Array:
+    """``take_along_axis(x, indices, axis=-1)`` moving raw bits: a gather of
+    bfloat16/float16 may round-trip through float32 and quiet NaN payloads."""
+    dtype = np.dtype(x.dtype)
+    if dtype == np.bool_:
+        return jnp.take_along_axis(x, indices, axis=-1)
+    bits = lax.bitcast_convert_type(x, _UNSIGNED_BY_WIDTH[dtype.itemsize])
+    return lax.bitcast_convert_type(jnp.take_along_axis(bits, indices, axis=-1), dtype)
+
+
 def top_k_reference(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Top-k along the last axis by a full sort on ordered keys: slow, exact, and
     runnable on every backend. The fallback lowering of the ``top_k`` primitive."""
     indices = sort_order(x)[..., :k]
-    return jnp.take_along_axis(x, indices, axis=-1), indices
+    return take_bits(x, indices), indices
