@@ -1,0 +1,211 @@
+"""Side-by-side benchmark harness (DESIGN section 8), shared by ``python -m
+jax_topk`` and ``benchmarks/run.py``.
+
+Per-op device time: one jitted executable applies the op to R distinct inputs
+(R large enough on GPU that launch overhead is amortised; 1 on CPU, where an
+op takes milliseconds), the median of several replays divided by R. Every
+contender runs in the same process on the same inputs. Each row reports the
+memory floor (input read once, outputs written once, at the copy bandwidth
+measured in the same run) and the fraction of it reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    rows: int
+    n: int
+    k: int
+    dtype: str = "float32"
+
+    def __str__(self) -> str:
+        return f"{self.rows}x{self.n} k={self.k}"
+
+    @property
+    def input_bytes(self) -> int:
+        return self.rows * self.n * np.dtype(jnp.dtype(self.dtype)).itemsize
+
+    @property
+    def floor_bytes(self) -> int:
+        """Input read once; k values and k int32 indices per row written once."""
+        return self.input_bytes + self.rows * self.k * (np.dtype(jnp.dtype(self.dtype)).itemsize + 4)
+
+
+_SHAPE_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*[:k=]+\s*(\d+)\s*(?::\s*(\w+))?\s*$")
+
+
+def parse_shapes(spec: str, default_dtype: str = "float32") -> list[Shape]:
+    """Parses ``"16384x256:8,4096x2048:16:bfloat16"`` (rows x n : k [: dtype])."""
+    shapes = []
+    for part in spec.split(","):
+        m = _SHAPE_RE.match(part)
+        if not m:
+            raise ValueError(f"bad shape {part!r}: expected ROWSxN:K or ROWSxN:K:DTYPE, e.g. 4096x2048:16")
+        rows, n, k = (int(g) for g in m.groups()[:3])
+        if not 0 <= k <= n:
+            raise ValueError(f"bad shape {part!r}: k={k} must be in [0, {n}]")
+        shapes.append(Shape(rows, n, k, m.group(4) or default_dtype))
+    return shapes
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency, no output when piped)."""
+
+    def __init__(self, total: int, width: int = 28, stream=sys.stderr):
+        self.total, self.width, self.stream, self.done = total, width, stream, 0
+        self.enabled = total > 0 and hasattr(stream, "isatty") and stream.isatty()
+
+    def step(self, label: str) -> None:
+        if self.enabled:
+            filled = self.width * self.done // self.total
+            bar = "#" * filled + "." * (self.width - filled)
+            self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label:<40.40}")
+            self.stream.flush()
+        self.done += 1
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * (self.width + 50) + "\r")
+            self.stream.flush()
+
+
+def replicas_for(shape: Shape, backend: str) -> int:
+    """How many distinct inputs one timed executable processes."""
+    if backend == "cpu":
+        return 1
+    # Enough work per replay to hide launch gaps, without exhausting memory.
+    return int(max(1, min(32, (256 << 20) // max(1, shape.input_bytes))))
+
+
+def make_inputs(shape: Shape, replicas: int, seed: int = 0) -> list[jax.Array]:
+    """Distinct random inputs (never zeros: they hide unwritten outputs)."""
+    key = jax.random.key(seed)
+    out = []
+    for r in range(replicas):
+        x = jax.random.normal(jax.random.fold_in(key, r), (shape.rows, shape.n), jnp.float32)
+        out.append(jax.block_until_ready(x.astype(shape.dtype)))
+    return out
+
+
+def time_per_op(op: Callable, inputs: Sequence[jax.Array], repeats: int) -> float:
+    """Median seconds per application of ``op`` over ``repeats`` replays of one
+    executable that applies it to every input."""
+    run = jax.jit(lambda *xs: [op(x) for x in xs])
+    jax.block_until_ready(run(*inputs))  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(*inputs))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / len(inputs)
+
+
+def copy_bandwidth(repeats: int = 10) -> float:
+    """Bytes per second of an elementwise copy (read + write) on the default backend."""
+    size = (64 << 20) if jax.default_backend() == "cpu" else (1 << 30)
+    x = jnp.ones(size // 4, jnp.float32)
+    seconds = time_per_op(lambda a: a + 1.0, [x], repeats)
+    return 2 * size / seconds
+
+
+def run_benchmark(
+    shapes: Sequence[Shape],
+    contenders: dict[str, Callable[[Shape], Callable | None]],
+    *,
+    baseline: str,
+    ours: str,
+    repeats: int,
+    progress: bool = True,
+) -> dict:
+    """Times every contender on every shape. ``contenders`` maps a name to a
+    factory ``shape -> op`` (or None when it cannot run that shape). Returns
+    the device, bandwidth and rows of {shape, floor_us, times_us, ...}."""
+    backend = jax.default_backend()
+    bar = Progress(len(shapes) * len(contenders) + 1) if progress else Progress(0)
+    bar.step("copy bandwidth")
+    bandwidth = copy_bandwidth()
+    rows = []
+    for shape in shapes:
+        inputs = make_inputs(shape, replicas_for(shape, backend))
+        times = {}
+        for name, factory in contenders.items():
+            bar.step(f"{shape} {shape.dtype}: {name}")
+            op = factory(shape)
+            if op is not None:
+                times[name] = time_per_op(op, inputs, repeats) * 1e6
+        floor_us = shape.floor_bytes / bandwidth * 1e6
+        rows.append(
+            {
+                "rows": shape.rows, "n": shape.n, "k": shape.k, "dtype": shape.dtype,
+                "floor_us": floor_us,
+                "times_us": times,
+                "floor_fraction": floor_us / times[ours] if ours in times else None,
+                "speedup": times[baseline] / times[ours] if baseline in times and ours in times else None,
+            }
+        )
+        del inputs
+    bar.close()
+    speedups = [r["speedup"] for r in rows if r["speedup"]]
+    return {
+        "device": device_name(),
+        "backend": backend,
+        "jax": jax.__version__,
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "repeats": repeats,
+        "baseline": baseline,
+        "ours": ours,
+        "rows": rows,
+        "geomean_speedup": geomean(speedups) if speedups else None,
+    }
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def device_name() -> str:
+    d = jax.devices()[0]
+    if d.platform == "cpu":
+        import os
+        import platform
+
+        return f"cpu-{platform.machine()}-{os.cpu_count()}cores"
+    return d.device_kind
+
+
+def format_table(result: dict) -> str:
+    """A fixed-width table: one row per shape, one column per contender."""
+    names = list(dict.fromkeys(n for r in result["rows"] for n in r["times_us"]))
+    header = ["shape", "dtype", "floor us"] + [f"{n} us" for n in names] + ["floor %", f"x vs {result['baseline']}"]
+    lines = []
+    for r in result["rows"]:
+        cells = [f"{r['rows']}x{r['n']} k={r['k']}", r["dtype"], f"{r['floor_us']:.1f}"]
+        cells += [f"{r['times_us'][n]:.1f}" if n in r["times_us"] else "-" for n in names]
+        cells += [f"{100 * r['floor_fraction']:.1f}" if r["floor_fraction"] else "-"]
+        cells += [f"{r['speedup']:.2f}" if r["speedup"] else "-"]
+        lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    out = [fmt(header), fmt(["-" * w for w in widths])] + [fmt(c) for c in lines]
+    if result.get("geomean_speedup"):
+        out.append(f"geomean speedup of {result['ours']} over {result['baseline']}: {result['geomean_speedup']:.2f}x")
+    if any((r["floor_fraction"] or 0) > 1 for r in result["rows"]):
+        out.append("floor % above 100: the input stayed in cache between replays (the bandwidth probe streams 64+ MB)")
+    out.append(
+        f"device: {result['device']} ({result['backend']}), copy bandwidth {result['copy_bandwidth_GBps']:.1f} GB/s, "
+        f"median of {result['repeats']} replays"
+    )
+    return "\n".join(out)
