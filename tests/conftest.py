@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import jax
@@ -22,6 +23,23 @@ if not jax_topk.info()["platforms"]["cpu"]["native"]:
         f"({jax_topk.info()['platforms']['cpu']['reason']}). Install it (pip install '.[test]') "
         "and run `pytest` rather than `python -m pytest` from the repository root."
     )
+
+# The platform whose kernels the suite exercises: `JAX_TOPK_TEST_PLATFORM=gpu
+# pytest` runs the whole suite on the GPU (comparisons with lax stay on CPU).
+TEST_PLATFORM = os.environ.get("JAX_TOPK_TEST_PLATFORM", "cpu")
+TEST_DEVICE = jax.devices(TEST_PLATFORM)[0]
+jax.config.update("jax_default_device", TEST_DEVICE)
+# jax_topk.info()'s platform key for it ("gpu" devices run the "cuda" module).
+TEST_MODULE = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}[TEST_PLATFORM]
+
+
+def gpu_device():
+    """The first GPU, or None."""
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
 
 # Dtypes with a native CPU kernel, and real dtypes that take the pure-JAX fallback.
 KERNEL_DTYPES = [

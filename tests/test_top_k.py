@@ -14,21 +14,22 @@ from jax.test_util import check_grads
 
 import jax_topk
 import oracle
-from conftest import FALLBACK_DTYPES, FLOAT_DTYPES, KERNEL_DTYPES, make_input, np_dtype
+from conftest import FALLBACK_DTYPES, FLOAT_DTYPES, KERNEL_DTYPES, TEST_DEVICE, TEST_MODULE, make_input, np_dtype
 
 CPU = jax.devices("cpu")[0]
 ALL_DTYPES = KERNEL_DTYPES + FALLBACK_DTYPES
 KINDS = ["random", "ties", "equal", "special"]
 
 
-def run_cpu(x: np.ndarray, k: int, axis: int = -1):
-    with jax.default_device(CPU):
+def run_top_k(x: np.ndarray, k: int, axis: int = -1):
+    """jax_topk.top_k under jit on the platform under test."""
+    with jax.default_device(TEST_DEVICE):
         values, indices = jax.jit(functools.partial(jax_topk.top_k, k=k, axis=axis))(jnp.asarray(x))
     return np.asarray(values), np.asarray(indices)
 
 
 def assert_matches_oracle(x: np.ndarray, k: int, axis: int = -1, *, with_lax: bool = True):
-    values, indices = run_cpu(x, k, axis)
+    values, indices = run_top_k(x, k, axis)
     want_values, want_indices = oracle.top_k(x, k, axis)
     np.testing.assert_array_equal(indices, want_indices)
     assert oracle.same_bits(values, want_values), "values differ from the oracle bit-wise"
@@ -48,7 +49,7 @@ def test_lax_bfloat16_nan_payloads():
     # The one documented departure: we rank bfloat16 NaNs by payload (total
     # order) and keep their bits; lax.top_k on CPU quiets them first.
     x = np.array([0x7FC0, 0x7FC1, 0xFFC1, 0x3F80], np.uint16).view(np_dtype("bfloat16"))
-    values, indices = run_cpu(x, 4)
+    values, indices = run_top_k(x, 4)
     np.testing.assert_array_equal(indices, [1, 0, 3, 2])
     assert oracle.same_bits(values, x[[1, 0, 3, 2]])
     with jax.default_device(CPU):
@@ -138,23 +139,25 @@ def test_hypothesis_shapes_and_values(shape, data, dtype, seed):
 
 
 def test_runs_the_native_kernel_for_kernel_dtypes():
-    info = jax_topk.info()
-    assert info["platforms"]["cpu"]["native"], info["platforms"]["cpu"]
-    assert set(KERNEL_DTYPES) <= set(info["platforms"]["cpu"]["dtypes"])
-    target = info["platforms"]["cpu"]["targets"]["top_k"]
+    platform = jax_topk.info()["platforms"][TEST_MODULE]
+    assert platform["native"], platform
+    assert set(KERNEL_DTYPES) <= set(platform["dtypes"])
+    target = platform["targets"]["top_k"]
+
+    def lowered(dtype):
+        x = jax.device_put(jnp.zeros((3, 8), np_dtype(dtype)), TEST_DEVICE)
+        return jax.jit(lambda a: jax_topk.top_k(a, 2)).lower(x).as_text()
+
     for dtype in KERNEL_DTYPES:
-        text = jax.jit(lambda x: jax_topk.top_k(x, 2)).lower(jnp.zeros((3, 8), np_dtype(dtype))).as_text()
-        assert target in text, dtype
-    # A fallback dtype lowers without the custom call.
-    text = jax.jit(lambda x: jax_topk.top_k(x, 2)).lower(jnp.zeros((3, 8), bool)).as_text()
-    assert target not in text
+        assert target in lowered(dtype), dtype
+    assert target not in lowered("bool")  # a fallback dtype lowers without the custom call
 
 
 def test_deterministic_across_calls(rng):
     x = make_input("ties", (64, 4096), "float32", rng)
-    first = run_cpu(x, 300)
+    first = run_top_k(x, 300)
     for _ in range(3):
-        again = run_cpu(x, 300)
+        again = run_top_k(x, 300)
         assert oracle.same_bits(first[0], again[0]) and np.array_equal(first[1], again[1])
 
 
@@ -162,7 +165,7 @@ def test_deterministic_across_calls(rng):
 
 
 def count_custom_calls(fn, *args) -> int:
-    target = jax_topk.info()["platforms"]["cpu"]["targets"]["top_k"]
+    target = jax_topk.info()["platforms"][TEST_MODULE]["targets"]["top_k"]
     return jax.jit(fn).lower(*args).as_text().count(f"stablehlo.custom_call @{target}")
 
 

@@ -1,0 +1,155 @@
+"""The top-k benchmark over the issue grid, side by side in one process.
+
+    python benchmarks/run.py                      # the grid, float32 + bfloat16 routing rows
+    python benchmarks/run.py --shapes 4096x2048:16 --repeats 20 --out /tmp/results
+
+Contenders: jax_topk.top_k, lax.top_k, jnp.argsort(stable, descending) and, when
+torch with CUDA is importable, torch.topk and torch.sort(stable) through a CUDA
+graph timed with events. Writes ``<out>/<device>.json`` and ``<out>/<device>.png``
+(time per shape against the memory floor, log scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+
+import jax_topk
+from jax_topk import _bench
+
+# The CUDA top_k issue's grid (rows x n : k); float32, plus bfloat16 on the routing rows.
+GRID = (
+    "16384x64:2,16384x128:8,16384x256:8,16384x384:6,"
+    "4096x64:16,4096x256:16,4096x1024:16,4096x2048:16,4096x256:32,4096x2048:32,"
+    "8192x1024:16,1024x8192:64,1024x8192:256,128x131072:50,128x131072:1024,"
+    "64x65536:2048,2048x65536:2048,1x131072:2048,1x1048576:16,1x1048576:2048,"
+    "16384x64:2:bfloat16,16384x128:8:bfloat16,16384x256:8:bfloat16,16384x384:6:bfloat16"
+)
+
+
+def torch_contenders(repeats: int):
+    """torch.topk / torch.sort factories timed through CUDA graphs, or {} without CUDA torch."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+
+    def graph_timer(shape: _bench.Shape, fn):
+        replicas = _bench.replicas_for(shape, "gpu")
+        dtype = getattr(torch, shape.dtype)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        xs = [torch.randn(shape.rows, shape.n, device="cuda", generator=gen).to(dtype) for _ in range(replicas)]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for x in xs:  # warm up (allocations, kernels) outside the graph
+                fn(x)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [fn(x) for x in xs]  # noqa: F841 - keeps graph outputs alive
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        del graph, outs, xs
+        torch.cuda.empty_cache()
+        return statistics.median(times) / replicas
+
+    def factory(fn_for_shape):
+        # The harness expects a JAX op; torch contenders return a precomputed time instead.
+        return lambda shape: _bench.PrecomputedTime(graph_timer(shape, fn_for_shape(shape)))
+
+    return {
+        "torch.topk": factory(lambda s: (lambda x: torch.topk(x, s.k, dim=-1, sorted=True))),
+        "torch.sort": factory(lambda s: (lambda x: torch.sort(x, dim=-1, descending=True, stable=True))),
+    }
+
+
+def jax_contenders():
+    return {
+        "jax_topk.top_k": lambda s: (lambda x: jax_topk.top_k(x, s.k)),
+        "lax.top_k": lambda s: (lambda x: jax.lax.top_k(x, s.k)),
+        "jnp.argsort": lambda s: (lambda x: jnp.argsort(x, axis=-1, stable=True, descending=True)),
+    }
+
+
+def plot(result: dict, path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = result["rows"]
+    names = list(dict.fromkeys(n for r in rows for n in r["times_us"]))
+    labels = [f"{r['rows']}x{r['n']}\nk={r['k']}" + ("\nbf16" if r["dtype"] == "bfloat16" else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(max(10, 0.75 * len(rows)), 5.5))
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, [r["times_us"].get(name, float("nan")) for r in rows], width, label=name)
+    ax.scatter(range(len(rows)), [r["floor_us"] for r in rows], marker="_", s=300, color="black", zorder=5,
+               label="memory floor")
+    ax.set_yscale("log")
+    ax.set_ylabel("microseconds per op (log)")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_title(f"top-k on {result['device']} (copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s)")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=GRID, help="comma-separated ROWSxN:K[:DTYPE] (default: the issue grid)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+
+    shapes = _bench.parse_shapes(args.shapes)
+    contenders = jax_contenders()
+    if not args.no_torch:
+        contenders.update(torch_contenders(args.repeats))
+    result = _bench.run_benchmark(shapes, contenders, baseline="lax.top_k", ours="jax_topk.top_k",
+                                  repeats=args.repeats)
+    result["jax_topk"] = jax_topk.info()
+    ours = "jax_topk.top_k"
+    for anchor in ("lax.top_k", "torch.topk"):
+        ratios = [r["times_us"][anchor] / r["times_us"][ours] for r in result["rows"] if anchor in r["times_us"]]
+        if ratios:
+            result[f"geomean_speedup_vs_{anchor}"] = _bench.geomean(ratios)
+            result[f"min_speedup_vs_{anchor}"] = min(ratios)
+    print(_bench.format_table(result))
+    for anchor in ("lax.top_k", "torch.topk"):
+        if f"geomean_speedup_vs_{anchor}" in result:
+            print(f"vs {anchor}: geomean {result[f'geomean_speedup_vs_{anchor}']:.2f}x, "
+                  f"min {result[f'min_speedup_vs_{anchor}']:.2f}x")
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-"))
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {stem}.json" + (f" and {stem}.png" if plot(result, stem + ".png") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""GPU top_k == CPU top_k, bit for bit, around every regime boundary of the
+CUDA dispatcher (skipped without a GPU). The rest of the suite runs on the GPU
+with `JAX_TOPK_TEST_PLATFORM=gpu pytest`."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_topk
+import oracle
+from conftest import gpu_device, make_input
+
+GPU = gpu_device()
+CPU = jax.devices("cpu")[0]
+if GPU is None:
+    pytest.skip("no GPU", allow_module_level=True)
+
+
+def boundaries() -> tuple[list[int], list[int]]:
+    """n and k values just below, at and above each dispatch threshold that
+    the CUDA module reports, plus powers of two and odd sizes."""
+    ns, ks = {1, 2, 3, 31, 33, 100, 1000, 5000, 40000, 1 << 20}, {1, 2, 3, 7, 100, 1000}
+    info = jax_topk.info()["platforms"].get("cuda", {})
+    for name, value in info.get("build", {}).get("topk_thresholds", {}).items():
+        target = ks if name.startswith("k") or "_k" in name else ns
+        target.update({value - 1, value, value + 1} - {0})
+    for p in (5, 6, 8, 10, 11, 12, 13, 14, 16):
+        ns.update({(1 << p) - 1, 1 << p, (1 << p) + 1})
+    for p in (3, 4, 5, 6, 8, 9, 11, 12):
+        ks.update({(1 << p) - 1, 1 << p, (1 << p) + 1})
+    return sorted(ns), sorted(ks)
+
+
+def top_k_on(device, x, k):
+    with jax.default_device(device):
+        values, indices = jax.jit(lambda a: jax_topk.top_k(a, k))(jax.device_put(x, device))
+    return np.asarray(values), np.asarray(indices)
+
+
+def assert_gpu_equals_cpu(x, k, check_oracle=False):
+    gv, gi = top_k_on(GPU, x, k)
+    cv, ci = top_k_on(CPU, x, k)
+    assert np.array_equal(gi, ci), f"indices differ: shape {x.shape} {x.dtype} k={k}"
+    assert oracle.same_bits(gv, cv), f"values differ: shape {x.shape} {x.dtype} k={k}"
+    if check_oracle:
+        ov, oi = oracle.top_k(x, k)
+        assert np.array_equal(gi, oi) and oracle.same_bits(gv, ov)
+
+
+NS, KS = boundaries()
+CASES = [(n, k) for n, k in itertools.product(NS, KS) if k <= n]
+
+
+@pytest.mark.parametrize("n,k", CASES)
+def test_boundaries_float32(n, k, rng):
+    for rows in (1, 5, 300):
+        if rows * n > (1 << 22):
+            continue
+        for kind in ("random", "ties", "special"):
+            assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k, check_oracle=rows * n < 200_000)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64", "int32", "uint8", "int64"])
+@pytest.mark.parametrize("n,k", [(64, 2), (256, 8), (384, 6), (2048, 16), (2048, 32), (8192, 256), (65536, 2048),
+                                 (131072, 50), (1 << 20, 2048), (1000, 1000), (7, 0)])
+def test_dtypes_gpu(dtype, n, k, rng):
+    rows = max(1, min(64, (1 << 21) // n))
+    for kind in ("random", "ties", "special", "equal"):
+        assert_gpu_equals_cpu(make_input(kind, (rows, n), dtype, rng), k)
+
+
+def test_many_rows_and_one_long_row(rng):
+    assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
+    assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)
+    assert_gpu_equals_cpu(make_input("special", (1, 1 << 20), "bfloat16", rng), 16)
+
+
+def test_deterministic_on_gpu(rng):
+    for shape, k in (((4096, 2048), 16), ((1, 1 << 20), 2048), ((2048, 65536), 2048)):
+        x = jax.device_put(make_input("ties", shape, "float32", rng), GPU)
+        first = top_k_on(GPU, x, k)
+        for _ in range(3):
+            again = top_k_on(GPU, x, k)
+            assert np.array_equal(first[1], again[1]) and oracle.same_bits(first[0], again[0])
+
+
+def test_nan_and_signed_zero_kept_where_lax_gpu_drops_them():
+    # lax.top_k's GPU fast path (float32, k <= 16, n >= 1024) drops NaN and
+    # conflates -0.0 with +0.0; ours follows the total order on the GPU too.
+    x = np.zeros((4, 2048), np.float32)
+    x[:, 5] = np.nan
+    x[:, 9] = -0.0
+    x[:, 100] = 1.0
+    x[1, 7] = -np.nan
+    v, i = top_k_on(GPU, x, 3)
+    np.testing.assert_array_equal(i[0], [5, 100, 0])
+    assert np.isnan(v[0, 0]) and v[0, 1] == 1.0
+    ov, oi = oracle.top_k(x, 3)
+    assert np.array_equal(i, oi) and oracle.same_bits(v, ov)
