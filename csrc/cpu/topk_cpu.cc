@@ -168,45 +168,43 @@ struct PackAtLeast<uint32_t, Kind> {
 };
 #endif
 
-// Shrinks c to its best min(k, size) candidates, best first if `sorted`.
+// Reorders c[0:count) so that its best min(k, count) come first (best first
+// if `sorted`) and returns how many that is.
 template <typename Packed>
-void keep_best(std::vector<Packed>& c, int64_t k, bool sorted) {
-  if (int64_t(c.size()) > k) {
-    std::nth_element(c.begin(), c.begin() + (k - 1), c.end(), std::greater<Packed>());
-    c.resize(k);
+int64_t keep_best(Packed* c, int64_t count, int64_t k, bool sorted) {
+  if (count > k) {
+    std::nth_element(c, c + (k - 1), c + count, std::greater<Packed>());
+    count = k;
   }
-  if (sorted) std::sort(c.begin(), c.end(), std::greater<Packed>());
+  if (sorted) std::sort(c, c + count, std::greater<Packed>());
+  return count;
 }
 
-// Per-worker buffers, reused across the rows a worker handles.
+// Per-worker buffers, reused across the rows a worker handles. They only
+// grow: resizing down and up again would zero-fill them on every row.
 template <typename Bits>
 struct RowScratch {
   std::vector<Bits> maxima;
   std::vector<typename Candidate<Bits>::Packed> candidates;
 };
 
-// The best min(k, n) elements of x[0:n) as packed candidates in
-// scratch.candidates (best first if `sorted`); indices are offset by index_base.
+// Selects the best min(k, n) elements of x[0:n) into scratch.candidates[0:m)
+// (best first if `sorted`) and returns m; indices are offset by index_base.
 template <typename Bits, KeyKind Kind>
-void select_row(const Bits* x, int64_t n, int64_t k, int64_t index_base, bool sorted,
-                RowScratch<Bits>& scratch) {
-  auto& c = scratch.candidates;
+int64_t select_row(const Bits* x, int64_t n, int64_t k, int64_t index_base, bool sorted,
+                   RowScratch<Bits>& scratch) {
   k = std::min(k, n);
-  if (k == 0) {
-    c.clear();
-    return;
-  }
+  if (k == 0) return 0;
   const Bits threshold = threshold_from_group_maxima<Bits, Kind>(x, n, k, scratch.maxima);
-  c.resize(n);
-  const int64_t kept =
-      PackAtLeast<Bits, Kind>::run(x, n, threshold, index_base, c.data());
-  c.resize(kept);
-  keep_best(c, k, sorted);
+  if (int64_t(scratch.candidates.size()) < n) scratch.candidates.resize(n);
+  auto* c = scratch.candidates.data();
+  const int64_t kept = PackAtLeast<Bits, Kind>::run(x, n, threshold, index_base, c);
+  return keep_best(c, kept, k, sorted);
 }
 
 template <typename Bits, typename Packed>
-void write_row(const std::vector<Packed>& best, const Bits* row, Bits* values, int32_t* indices) {
-  for (size_t j = 0; j < best.size(); ++j) {
+void write_row(const Packed* best, int64_t count, const Bits* row, Bits* values, int32_t* indices) {
+  for (int64_t j = 0; j < count; ++j) {
     const int64_t index = Candidate<Bits>::index(best[j]);
     indices[j] = int32_t(index);
     values[j] = row[index];
@@ -237,8 +235,8 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
     runner.run(tasks, [&](int64_t t) {
       RowScratch<Bits> scratch;
       for (int64_t r = rows * t / tasks; r < rows * (t + 1) / tasks; ++r) {
-        select_row<Bits, Kind>(x + r * n, n, k, /*index_base=*/0, /*sorted=*/true, scratch);
-        write_row(scratch.candidates, x + r * n, values + r * k, indices + r * k);
+        const int64_t m = select_row<Bits, Kind>(x + r * n, n, k, /*index_base=*/0, /*sorted=*/true, scratch);
+        write_row(scratch.candidates.data(), m, x + r * n, values + r * k, indices + r * k);
       }
     });
     return;
@@ -250,8 +248,8 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
     const int64_t r = t / segments, s = t % segments;
     const int64_t begin = n * s / segments, end = n * (s + 1) / segments;
     RowScratch<Bits> scratch;
-    select_row<Bits, Kind>(x + r * n + begin, end - begin, k, begin, /*sorted=*/false, scratch);
-    partial[t] = std::move(scratch.candidates);
+    const int64_t m = select_row<Bits, Kind>(x + r * n + begin, end - begin, k, begin, /*sorted=*/false, scratch);
+    partial[t].assign(scratch.candidates.begin(), scratch.candidates.begin() + m);
   });
   runner.run(rows, [&](int64_t r) {
     auto& merged = partial[r * segments];
@@ -259,8 +257,8 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
       const auto& p = partial[r * segments + s];
       merged.insert(merged.end(), p.begin(), p.end());
     }
-    keep_best(merged, k, /*sorted=*/true);
-    write_row(merged, x + r * n, values + r * k, indices + r * k);
+    const int64_t m = keep_best(merged.data(), int64_t(merged.size()), k, /*sorted=*/true);
+    write_row(merged.data(), m, x + r * n, values + r * k, indices + r * k);
   });
 }
 

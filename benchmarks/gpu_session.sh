@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: build, then the steps named as arguments, each
+# logged under $OUT (which the device tool brings back). Steps:
+#   selftest   the standalone CUDA self-test (csrc/cuda/tests), no JAX
+#   tests      pytest on CPU, then the whole suite on the GPU (+ GPU == CPU)
+#   sanitize   compute-sanitizer memcheck and racecheck over the self-test
+#   bench      benchmarks/run.py over the issue grid (JSON + plot)
+# Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
+set -uo pipefail
+OUT=${OUT:-/tmp/jax_topk_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SELFTEST=/tmp/topk_selftest
+status=0
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record the verdict
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  tail -n 4 "$OUT/$name.log"
+  [[ $rc -eq 0 ]] || status=1
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/summary.txt" 2>&1
+python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" >>"$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+
+step build 420 python3 -m pip install --no-build-isolation --no-deps -v . || { echo "build failed"; exit 1; }
+python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
+
+for s in "$@"; do
+  case $s in
+    selftest)
+      step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
+        csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST" &&
+        step selftest 300 "$SELFTEST" ;;
+    tests)
+      step tests_cpu 400 pytest -q -x -p no:warnings -p no:cacheprovider tests
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu 500 pytest -q -x -p no:warnings -p no:cacheprovider tests ;;
+    sanitize)
+      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
+        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      step memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --quick
+      step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick ;;
+    bench)
+      step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
+    *) echo "unknown step $s"; status=1 ;;
+  esac
+done
+cat "$OUT/summary.txt"
+exit $status
