@@ -22,7 +22,7 @@ namespace ffi = ::xla::ffi;
 
 inline std::optional<DType> to_dtype(ffi::DataType t) {
   switch (t) {
-#define JAX_TOPK_FFI_DTYPE_CASE(name, ffi_name, bits, kind) \
+#define JAX_TOPK_FFI_DTYPE_CASE(name, ffi_name, bits, kind, lowest) \
   case ffi::DataType::ffi_name:                             \
     return DType::name;
     JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_FFI_DTYPE_CASE)

@@ -10,6 +10,10 @@
 #include "jax_topk/dtypes.h"
 #include "xla/ffi/api/c_api.h"
 
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+#include "jax_topk/topk_dispatch.h"
+#endif
+
 namespace nb = nanobind;
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
@@ -50,7 +54,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       "dtypes",
       [] {
         nb::list l;
-#define JAX_TOPK_EXPORT_DTYPE(name, ffi_name, bits, kind) l.append(std::string(#name));
+#define JAX_TOPK_EXPORT_DTYPE(name, ffi_name, bits, kind, lowest) l.append(std::string(#name));
         JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_EXPORT_DTYPE)
 #undef JAX_TOPK_EXPORT_DTYPE
         return l;
@@ -65,6 +69,16 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         d["ffi_headers_jaxlib"] = std::string(JAX_TOPK_FFI_JAXLIB_VERSION);
         d["compiler"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_COMPILER));
         d["cuda_architectures"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_CUDA_ARCHITECTURES));
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+        // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.
+        nb::dict t;
+        t["warp_sort_max_k"] = jax_topk::kWarpSortMaxK;
+        t["tiny_rows_max_n"] = jax_topk::kTinyRowsMaxN;
+        t["warp_sort_max_n"] = jax_topk::kWarpSortMaxN;
+        t["warp_sort_always_n"] = jax_topk::kWarpSortAlwaysN;
+        t["radix_split_min_n"] = jax_topk::kRadixSplitMinN;
+        d["topk_thresholds"] = t;
+#endif
         return d;
       },
       "How this module was built: FFI API version, the jaxlib whose headers were used, compiler.");

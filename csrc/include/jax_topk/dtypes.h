@@ -18,27 +18,29 @@ enum class KeyKind : int {
   kUnsigned = 2,  // unsigned integer: the bits are the key
 };
 
-// X(numpy_name, XLA_FFI_DataType suffix, storage type, key kind)
-#define JAX_TOPK_FOR_EACH_DTYPE(X)             \
-  X(float32, F32, uint32_t, kFloat)            \
-  X(bfloat16, BF16, uint16_t, kFloat)          \
-  X(float16, F16, uint16_t, kFloat)            \
-  X(float64, F64, uint64_t, kFloat)            \
-  X(int32, S32, uint32_t, kSigned)             \
-  X(int64, S64, uint64_t, kSigned)             \
-  X(int16, S16, uint16_t, kSigned)             \
-  X(int8, S8, uint8_t, kSigned)                \
-  X(uint32, U32, uint32_t, kUnsigned)          \
-  X(uint64, U64, uint64_t, kUnsigned)          \
-  X(uint16, U16, uint16_t, kUnsigned)          \
-  X(uint8, U8, uint8_t, kUnsigned)
+// X(numpy_name, XLA_FFI_DataType suffix, storage type, key kind, bits of the
+//   lowest value: -inf for floats, the minimum for integers; what padded
+//   output slots hold)
+#define JAX_TOPK_FOR_EACH_DTYPE(X)                                 \
+  X(float32, F32, uint32_t, kFloat, 0xFF800000u)                   \
+  X(bfloat16, BF16, uint16_t, kFloat, 0xFF80u)                     \
+  X(float16, F16, uint16_t, kFloat, 0xFC00u)                       \
+  X(float64, F64, uint64_t, kFloat, 0xFFF0000000000000ull)         \
+  X(int32, S32, uint32_t, kSigned, 0x80000000u)                    \
+  X(int64, S64, uint64_t, kSigned, 0x8000000000000000ull)          \
+  X(int16, S16, uint16_t, kSigned, 0x8000u)                        \
+  X(int8, S8, uint8_t, kSigned, 0x80u)                             \
+  X(uint32, U32, uint32_t, kUnsigned, 0u)                          \
+  X(uint64, U64, uint64_t, kUnsigned, 0ull)                        \
+  X(uint16, U16, uint16_t, kUnsigned, 0u)                          \
+  X(uint8, U8, uint8_t, kUnsigned, 0u)
 
 }  // namespace jax_topk
 
 namespace jax_topk {
 
 enum class DType : int {
-#define JAX_TOPK_DTYPE_ENUM(name, ffi, bits, kind) name,
+#define JAX_TOPK_DTYPE_ENUM(name, ffi, bits, kind, lowest) name,
   JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_DTYPE_ENUM)
 #undef JAX_TOPK_DTYPE_ENUM
 };
@@ -46,12 +48,13 @@ enum class DType : int {
 template <DType D>
 struct DTypeTraits;
 
-#define JAX_TOPK_DTYPE_TRAITS(name, ffi, bits_type, kind)  \
-  template <>                                              \
-  struct DTypeTraits<DType::name> {                        \
-    using Bits = bits_type;                                \
-    static constexpr KeyKind kKeyKind = KeyKind::kind;     \
-    static constexpr const char* kName = #name;            \
+#define JAX_TOPK_DTYPE_TRAITS(name, ffi, bits_type, kind, lowest) \
+  template <>                                                     \
+  struct DTypeTraits<DType::name> {                               \
+    using Bits = bits_type;                                       \
+    static constexpr KeyKind kKeyKind = KeyKind::kind;            \
+    static constexpr const char* kName = #name;                   \
+    static constexpr Bits kLowestBits = Bits(lowest);             \
   };
 JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_DTYPE_TRAITS)
 #undef JAX_TOPK_DTYPE_TRAITS
@@ -61,7 +64,7 @@ JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_DTYPE_TRAITS)
 template <typename F>
 bool visit_dtype(DType d, F&& f) {
   switch (d) {
-#define JAX_TOPK_DTYPE_CASE(name, ffi, bits, kind) \
+#define JAX_TOPK_DTYPE_CASE(name, ffi, bits, kind, lowest) \
   case DType::name:                                \
     f(DTypeTraits<DType::name>{});                 \
     return true;
