@@ -78,6 +78,17 @@ inline ffi::Error row_geometry(const char* op, const ffi::AnyBuffer& x,
   return ffi::Error::Success();
 }
 
+// `lengths` must hold one int32 per row (the operand's shape without its last axis).
+inline ffi::Error check_lengths(const char* op, const ffi::Buffer<ffi::S32>& lengths,
+                                const RowGeometry& g) {
+  if (int64_t(lengths.element_count()) != g.rows) {
+    return ffi::Error::InvalidArgument(std::string(op) + ": lengths has " +
+                                       std::to_string(lengths.element_count()) +
+                                       " elements, expected one per row (" + std::to_string(g.rows) + ")");
+  }
+  return ffi::Error::Success();
+}
+
 inline ffi::Error unsupported_dtype(const char* op, ffi::DataType t) {
   return ffi::Error::InvalidArgument(std::string(op) + ": no native kernel for element type " +
                                      std::to_string(int(t)) + " (the Python side should have used "

@@ -17,13 +17,9 @@
 namespace nb = nanobind;
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
-#define JAX_TOPK_HANDLER(stem) stem##Cpu
 #define JAX_TOPK_PLATFORM_NAME "cpu"
 #elif defined(JAX_TOPK_PLATFORM_CUDA)
-#define JAX_TOPK_HANDLER(stem) stem##Cuda
 #define JAX_TOPK_PLATFORM_NAME "CUDA"
-#else
-#error "define JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA"
 #endif
 
 #define JAX_TOPK_STRINGIFY_(x) #x
@@ -41,9 +37,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       "targets",
       [] {
         nb::dict d;
-#define JAX_TOPK_EXPORT_TARGET(op, name, stem)                                         \
-  d[#op] = nb::make_tuple(std::string(name),                                          \
-                          nb::capsule(reinterpret_cast<void*>(JAX_TOPK_HANDLER(stem))));
+#define JAX_TOPK_EXPORT_TARGET(op, name, stem, cpu, cuda)                           \
+  JAX_TOPK_ON_THIS_PLATFORM(                                                       \
+      cpu, cuda,                                                                   \
+      d[#op] = nb::make_tuple(std::string(name),                                   \
+                              nb::capsule(reinterpret_cast<void*>(JAX_TOPK_HANDLER(stem))));)
         JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_EXPORT_TARGET)
 #undef JAX_TOPK_EXPORT_TARGET
         return d;

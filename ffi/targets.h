@@ -1,6 +1,22 @@
 // The one list of FFI targets this library registers. Each row: the op family
 // (the key Python looks up), the XLA custom-call target name (the same on every
-// platform), and the stem of the handler symbols (`<stem>Cpu`, `<stem>Cuda`).
+// platform), the stem of the handler symbols (`<stem>Cpu`, `<stem>Cuda`), and
+// whether the CPU and CUDA modules have a handler for it (1/0). A platform
+// without one lowers the op through the pure-JAX fallback.
 #pragma once
 
-#define JAX_TOPK_FOR_EACH_TARGET(X) X(top_k, "jax_topk_top_k", JaxTopkTopK)
+#define JAX_TOPK_FOR_EACH_TARGET(X)                                 \
+  X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1)                     \
+  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0)
+
+// JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, cuda_flag, code...) keeps `code` only
+// when the module being compiled has the handler.
+#define JAX_TOPK_WHEN_0(...)
+#define JAX_TOPK_WHEN_1(...) __VA_ARGS__
+#define JAX_TOPK_WHEN_(flag, ...) JAX_TOPK_WHEN_##flag(__VA_ARGS__)
+#define JAX_TOPK_WHEN(flag, ...) JAX_TOPK_WHEN_(flag, __VA_ARGS__)
+#if defined(JAX_TOPK_PLATFORM_CPU)
+#define JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda, ...) JAX_TOPK_WHEN(cpu, __VA_ARGS__)
+#elif defined(JAX_TOPK_PLATFORM_CUDA)
+#define JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda, ...) JAX_TOPK_WHEN(cuda, __VA_ARGS__)
+#endif

@@ -1,11 +1,20 @@
-// Handler symbols of the top_k op family (defined in ffi/topk.cc).
+// Handler symbols of the top_k op family (defined in ffi/topk.cc): one per
+// row of ffi/targets.h that this platform's module has.
 #pragma once
 
+#include "ffi/targets.h"
 #include "xla/ffi/api/c_api.h"
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
-extern "C" XLA_FFI_Error* JaxTopkTopKCpu(XLA_FFI_CallFrame* call_frame);
+#define JAX_TOPK_HANDLER(stem) stem##Cpu
+#elif defined(JAX_TOPK_PLATFORM_CUDA)
+#define JAX_TOPK_HANDLER(stem) stem##Cuda
+#else
+#error "define JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA"
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-extern "C" XLA_FFI_Error* JaxTopkTopKCuda(XLA_FFI_CallFrame* call_frame);
-#endif
+
+#define JAX_TOPK_DECLARE_HANDLER(op, name, stem, cpu, cuda) \
+  JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda,                      \
+                            extern "C" XLA_FFI_Error* JAX_TOPK_HANDLER(stem)(XLA_FFI_CallFrame*);)
+JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_DECLARE_HANDLER)
+#undef JAX_TOPK_DECLARE_HANDLER

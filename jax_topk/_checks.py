@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jax_topk import _keys
@@ -53,3 +54,19 @@ def orderable_dtype(dtype, fn: str) -> None:
             f"{fn}: x has dtype {np.dtype(dtype).name}, which has no total order; "
             f"supported: bool, integer and real floating dtypes"
         )
+
+
+def lengths_for(lengths, shape: tuple[int, ...], axis: int, fn: str) -> jax.Array:
+    """Checks ``lengths`` against ``x``'s shape without ``axis`` and returns it as int32."""
+    expected = tuple(shape[:axis]) + tuple(shape[axis + 1 :])
+    if isinstance(lengths, (int, np.integer)) and not isinstance(lengths, (bool, np.bool_)):
+        lengths = np.asarray(lengths)
+    lengths = as_array(lengths, "lengths", fn)
+    if not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise TypeError(f"{fn}: lengths must have an integer dtype, got {np.dtype(lengths.dtype).name}")
+    if tuple(lengths.shape) != expected:
+        raise ValueError(
+            f"{fn}: lengths must have shape {expected} (x's shape {tuple(shape)} without axis {axis}), "
+            f"got {tuple(lengths.shape)}"
+        )
+    return jnp.asarray(lengths).astype(jnp.int32)

@@ -8,7 +8,7 @@ import jaxlib
 from jax_topk import _registry
 from jax_topk._version import __version__
 
-OPS = ("top_k",)
+OPS = ("top_k", "top_k_lengths")
 
 
 def info() -> dict:

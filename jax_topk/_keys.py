@@ -41,14 +41,38 @@ def ordered_keys(x: jax.Array) -> jax.Array:
     return bits
 
 
-def sort_order(x: jax.Array) -> jax.Array:
+def lowest_value(dtype) -> np.ndarray:
+    """What padded output slots hold: -inf for floats (the most negative finite
+    value for float types without infinities), the minimum for integers, False
+    for bool. Matches the table in csrc/include/jax_topk/dtypes.h."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return np.array(False)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return np.array(jnp.iinfo(dtype).min, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        neg_inf = np.array(-np.inf).astype(dtype)
+    return neg_inf if np.isinf(neg_inf.astype(np.float32)) else np.array(jnp.finfo(dtype).min, dtype)
+
+
+def valid_mask(lengths: jax.Array, n: int) -> jax.Array:
+    """[..., n] mask of the elements that take part: ``arange(n) < lengths``
+    (a sequence mask: a length <= 0 selects nothing, >= n the whole row)."""
+    return lax.broadcasted_iota(jnp.int32, lengths.shape + (n,), lengths.ndim) < lengths[..., None]
+
+
+def sort_order(x: jax.Array, lengths: jax.Array | None = None) -> jax.Array:
     """Indices that order the last axis of ``x`` best first (descending in the
-    contract's order, ties by lower index), as int32."""
+    contract's order, ties by lower index), as int32. With ``lengths``, the
+    elements past each row's length come last."""
     keys = ordered_keys(x)
     iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     # Ascending on the complemented key is descending on the key; the index as
-    # second sort key (and a stable sort) puts lower indices first among ties.
-    _, order = lax.sort((~keys, iota), dimension=x.ndim - 1, num_keys=2, is_stable=True)
+    # last sort key (and a stable sort) puts lower indices first among ties.
+    operands = (~keys, iota)
+    if lengths is not None:
+        operands = ((~valid_mask(lengths, x.shape[-1])).astype(jnp.uint8),) + operands
+    *_, order = lax.sort(operands, dimension=x.ndim - 1, num_keys=len(operands), is_stable=True)
     return order
 
 
@@ -62,8 +86,23 @@ def take_bits(x: jax.Array, indices: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(jnp.take_along_axis(bits, indices, axis=-1), dtype)
 
 
-def top_k_reference(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+def pad_past_lengths(values: jax.Array, indices: jax.Array, lengths: jax.Array | None):
+    """Slots at or past each row's length get the lowest value and index -1."""
+    if lengths is None:
+        return values, indices
+    valid = valid_mask(lengths, values.shape[-1])
+    dtype = np.dtype(values.dtype)
+    if dtype == np.bool_:
+        return values & valid, jnp.where(valid, indices, -1)
+    # Select on raw bits: a bfloat16 select may round-trip through float32.
+    unsigned = _UNSIGNED_BY_WIDTH[dtype.itemsize]
+    bits = lax.bitcast_convert_type(values, unsigned)
+    lowest = jnp.asarray(lowest_value(dtype).view(unsigned))
+    return lax.bitcast_convert_type(jnp.where(valid, bits, lowest), dtype), jnp.where(valid, indices, -1)
+
+
+def top_k_reference(x: jax.Array, k: int, lengths: jax.Array | None = None):
     """Top-k along the last axis by a full sort on ordered keys: slow, exact, and
     runnable on every backend. The fallback lowering of the ``top_k`` primitive."""
-    indices = sort_order(x)[..., :k]
-    return take_bits(x, indices), indices
+    indices = sort_order(x, lengths)[..., :k]
+    return pad_past_lengths(take_bits(x, indices), indices, lengths)

@@ -23,8 +23,10 @@ top_k_p = Primitive("jax_topk_top_k")
 top_k_p.multiple_results = True
 top_k_p.def_impl(functools.partial(_compat.apply_primitive, top_k_p))
 
+# Operands: x [..., n] and optionally lengths [...] (int32, one per row).
 
-def _top_k_abstract_eval(x, *, k):
+
+def _top_k_abstract_eval(x, *lengths, k):
     shape = x.shape[:-1] + (k,)
     return (
         x.update(shape=shape, dtype=x.dtype, weak_type=False),
@@ -33,31 +35,44 @@ def _top_k_abstract_eval(x, *, k):
 
 
 def _top_k_batch(args, dims, *, k):
-    (x,), (dim,) = args, dims
-    # The batched dimension becomes the leading row dimension: one kernel call.
-    x = jnp.moveaxis(x, dim, 0)
-    return top_k_p.bind(x, k=k), (0, 0)
+    # Every batched dimension becomes the leading row dimension: one kernel
+    # call. x and lengths may be batched independently; an unbatched one is
+    # broadcast along the other's batch dimension.
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    moved = [
+        jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
+        for a, d in zip(args, dims)
+    ]
+    return top_k_p.bind(*moved, k=k), (0, 0)
 
 
 def _top_k_jvp(primals, tangents, *, k):
-    (x,), (t,) = primals, tangents
-    values, indices = top_k_p.bind(x, k=k)
+    x, *lengths = primals
+    t = tangents[0]
+    values, indices = top_k_p.bind(x, *lengths, k=k)
     if type(t) is ad.Zero:
         t_values = _compat.symbolic_zero_tangent(values)
     else:
-        t_values = jnp.take_along_axis(t, indices, axis=-1)
+        # Padded slots (index -1) hold a constant: their tangent is zero.
+        gathered = jnp.take_along_axis(t, jnp.maximum(indices, 0), axis=-1)
+        t_values = jnp.where(indices >= 0, gathered, jnp.zeros_like(gathered)) if lengths else gathered
     return (values, indices), (t_values, _compat.symbolic_zero_tangent(indices))
 
 
-_top_k_fallback_lowering = mlir.lower_fun(_keys.top_k_reference, multiple_results=True)
+def _top_k_fallback(x, *lengths, k):
+    return _keys.top_k_reference(x, k, lengths[0] if lengths else None)
+
+
+_top_k_fallback_lowering = mlir.lower_fun(_top_k_fallback, multiple_results=True)
 
 
 def _top_k_lowering(platform: str):
-    def lowering(ctx, x, *, k):
-        target = _registry.kernel_target("top_k", platform, ctx.avals_in[0].dtype)
+    def lowering(ctx, x, *lengths, k):
+        op = "top_k_lengths" if lengths else "top_k"
+        target = _registry.kernel_target(op, platform, ctx.avals_in[0].dtype)
         if target is None:
-            return _top_k_fallback_lowering(ctx, x, k=k)
-        return jax.ffi.ffi_lowering(target)(ctx, x, k=np.int64(k))
+            return _top_k_fallback_lowering(ctx, x, *lengths, k=k)
+        return jax.ffi.ffi_lowering(target)(ctx, x, *lengths, k=np.int64(k))
 
     return lowering
 
@@ -70,7 +85,7 @@ for _platform in _registry.platforms():
     mlir.register_lowering(top_k_p, _top_k_lowering(_platform), platform=_platform)
 
 
-def top_k(x: jax.Array, k: int, *, axis: int = -1) -> tuple[jax.Array, jax.Array]:
+def top_k(x: jax.Array, k: int, *, axis: int = -1, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """The ``k`` largest elements along ``axis`` and their indices, best first.
 
     A drop-in replacement for ``jax.lax.top_k`` with the same results on CPU,
@@ -84,6 +99,12 @@ def top_k(x: jax.Array, k: int, *, axis: int = -1) -> tuple[jax.Array, jax.Array
         Complex dtypes raise ``TypeError`` (they have no total order).
       k: static number of elements to keep, ``0 <= k <= x.shape[axis]``.
       axis: axis to select along (default: the last).
+      lengths: optional integer array shaped like ``x`` without ``axis``: only
+        the first ``lengths[...]`` elements of each row take part. It reads as
+        a sequence mask ``arange(n) < lengths``: a length <= 0 selects nothing
+        and a length >= n the whole row. Output slots past a row's length hold
+        index -1 and the dtype's lowest value (-inf for floats). This is how a
+        batch of rows of different lengths becomes one padded kernel call.
 
     Returns:
       ``(values, indices)``: ``values`` has ``x``'s dtype and shape with
@@ -110,6 +131,8 @@ def top_k(x: jax.Array, k: int, *, axis: int = -1) -> tuple[jax.Array, jax.Array
     n = x.shape[axis]
     if not 0 <= k <= n:
         raise ValueError(f"{fn}: k={k} must be in [0, {n}] for x of shape {tuple(x.shape)} along axis {axis}")
-    x = jnp.moveaxis(jnp.asarray(x), axis, -1)
-    values, indices = top_k_p.bind(x, k=k)
+    operands = (jnp.moveaxis(jnp.asarray(x), axis, -1),)
+    if lengths is not None:
+        operands += (_checks.lengths_for(lengths, x.shape, axis, fn),)
+    values, indices = top_k_p.bind(*operands, k=k)
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)

@@ -202,13 +202,24 @@ int64_t select_row(const Bits* x, int64_t n, int64_t k, int64_t index_base, bool
   return keep_best(c, kept, k, sorted);
 }
 
+// Writes the `count` selected candidates of a row, then pads the rest of its
+// k output slots (a row shorter than k) with the lowest value and index -1.
 template <typename Bits, typename Packed>
-void write_row(const Packed* best, int64_t count, const Bits* row, Bits* values, int32_t* indices) {
+void write_row(const Packed* best, int64_t count, int64_t k, Bits lowest, const Bits* row,
+               Bits* values, int32_t* indices) {
   for (int64_t j = 0; j < count; ++j) {
     const int64_t index = Candidate<Bits>::index(best[j]);
     indices[j] = int32_t(index);
     values[j] = row[index];
   }
+  std::fill(values + count, values + k, lowest);
+  std::fill(indices + count, indices + k, int32_t(-1));
+}
+
+// Elements of row r that take part: lengths read as a sequence mask
+// (arange(n) < lengths[r]), so a length <= 0 selects nothing and >= n all.
+inline int64_t row_length(const int32_t* lengths, int64_t r, int64_t n) {
+  return lengths == nullptr ? n : std::clamp<int64_t>(lengths[r], 0, n);
 }
 
 // Parallel segments per row: 1 unless rows are too few to occupy the workers
@@ -225,7 +236,7 @@ int64_t segments_per_row(int64_t rows, int64_t n, int64_t k, int64_t workers) {
 
 template <typename Bits, KeyKind Kind>
 void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows, int64_t n,
-                     int64_t k, TaskRunner& runner) {
+                     int64_t k, const int32_t* lengths, Bits lowest, TaskRunner& runner) {
   if (rows == 0 || k == 0) return;
   const int64_t workers = std::max<int64_t>(1, runner.concurrency());
   const int64_t segments = segments_per_row(rows, n, k, workers);
@@ -235,8 +246,9 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
     runner.run(tasks, [&](int64_t t) {
       RowScratch<Bits> scratch;
       for (int64_t r = rows * t / tasks; r < rows * (t + 1) / tasks; ++r) {
-        const int64_t m = select_row<Bits, Kind>(x + r * n, n, k, /*index_base=*/0, /*sorted=*/true, scratch);
-        write_row(scratch.candidates.data(), m, x + r * n, values + r * k, indices + r * k);
+        const int64_t len = row_length(lengths, r, n);
+        const int64_t m = select_row<Bits, Kind>(x + r * n, len, k, /*index_base=*/0, /*sorted=*/true, scratch);
+        write_row(scratch.candidates.data(), m, k, lowest, x + r * n, values + r * k, indices + r * k);
       }
     });
     return;
@@ -246,7 +258,8 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
   std::vector<std::vector<typename Candidate<Bits>::Packed>> partial(rows * segments);
   runner.run(rows * segments, [&](int64_t t) {
     const int64_t r = t / segments, s = t % segments;
-    const int64_t begin = n * s / segments, end = n * (s + 1) / segments;
+    const int64_t len = row_length(lengths, r, n);
+    const int64_t begin = len * s / segments, end = len * (s + 1) / segments;
     RowScratch<Bits> scratch;
     const int64_t m = select_row<Bits, Kind>(x + r * n + begin, end - begin, k, begin, /*sorted=*/false, scratch);
     partial[t].assign(scratch.candidates.begin(), scratch.candidates.begin() + m);
@@ -258,19 +271,19 @@ void topk_rows_typed(const Bits* x, Bits* values, int32_t* indices, int64_t rows
       merged.insert(merged.end(), p.begin(), p.end());
     }
     const int64_t m = keep_best(merged.data(), int64_t(merged.size()), k, /*sorted=*/true);
-    write_row(merged.data(), m, x + r * n, values + r * k, indices + r * k);
+    write_row(merged.data(), m, k, lowest, x + r * n, values + r * k, indices + r * k);
   });
 }
 
 }  // namespace
 
 bool topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
-               int64_t n, int64_t k, TaskRunner& runner) {
+               int64_t n, int64_t k, const int32_t* lengths, TaskRunner& runner) {
   return visit_dtype(dtype, [&](auto traits) {
     using Traits = decltype(traits);
     using Bits = typename Traits::Bits;
     topk_rows_typed<Bits, Traits::kKeyKind>(static_cast<const Bits*>(x), static_cast<Bits*>(values),
-                                            indices, rows, n, k, runner);
+                                            indices, rows, n, k, lengths, Traits::kLowestBits, runner);
   });
 }
 

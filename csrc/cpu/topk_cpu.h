@@ -10,9 +10,13 @@ namespace jax_topk::cpu {
 
 // Writes the k best elements of each row (raw bits, same dtype) to `values`
 // ([rows, k]) and their positions to `indices`, best first by the IEEE total
-// order, ties by lower index. Requires 0 <= k <= n < 2^31. Returns false for a
-// dtype outside the table in dtypes.h.
+// order, ties by lower index. Requires 0 <= k <= n < 2^31. With `lengths`
+// (one int32 per row, may be null) only the first clamp(lengths[r], 0, n)
+// elements of row r take part, and output slots past that many hold the
+// dtype's lowest value and index -1. Returns false for a dtype outside the
+// table in dtypes.h.
 bool topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
-               int64_t rows, int64_t n, int64_t k, TaskRunner& runner);
+               int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
+               TaskRunner& runner);
 
 }  // namespace jax_topk::cpu
