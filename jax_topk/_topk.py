@@ -1,88 +1,25 @@
-"""The ``top_k`` primitive: abstract eval, batching, JVP and lowering side by side.
+"""``top_k``: the k best elements along an axis, and their indices.
 
-The primitive always works on the LAST axis of its operand and treats every
-leading axis as a row; the public ``top_k`` moves the requested axis last. That
-makes batching trivial and cheap: a batched dimension is moved to the front and
-becomes more rows, so ``vmap`` at any depth and on any axis lowers to ONE
-kernel call.
+The primitive is a row primitive (``_rows.py``: abstract eval, batching, JVP,
+kernel and fallback lowerings); this module adds its parameters, its pure-JAX
+reference and the public function with its argument checks.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
-from jax_topk import _checks, _compat, _keys, _registry
+from jax_topk import _checks, _keys, _rows
 
-top_k_p = Primitive("jax_topk_top_k")
-top_k_p.multiple_results = True
-top_k_p.def_impl(functools.partial(_compat.apply_primitive, top_k_p))
-
-# Operands: x [..., n] and optionally lengths [...] (int32, one per row).
-
-
-def _top_k_abstract_eval(x, *lengths, k):
-    shape = x.shape[:-1] + (k,)
-    return (
-        x.update(shape=shape, dtype=x.dtype, weak_type=False),
-        x.update(shape=shape, dtype=jnp.int32, weak_type=False),
-    )
-
-
-def _top_k_batch(args, dims, *, k):
-    # Every batched dimension becomes the leading row dimension: one kernel
-    # call. x and lengths may be batched independently; an unbatched one is
-    # broadcast along the other's batch dimension.
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
-    moved = [
-        jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
-        for a, d in zip(args, dims)
-    ]
-    return top_k_p.bind(*moved, k=k), (0, 0)
-
-
-def _top_k_jvp(primals, tangents, *, k):
-    x, *lengths = primals
-    t = tangents[0]
-    values, indices = top_k_p.bind(x, *lengths, k=k)
-    if type(t) is ad.Zero:
-        t_values = _compat.symbolic_zero_tangent(values)
-    else:
-        # Padded slots (index -1) hold a constant: their tangent is zero.
-        gathered = jnp.take_along_axis(t, jnp.maximum(indices, 0), axis=-1)
-        t_values = jnp.where(indices >= 0, gathered, jnp.zeros_like(gathered)) if lengths else gathered
-    return (values, indices), (t_values, _compat.symbolic_zero_tangent(indices))
-
-
-def _top_k_fallback(x, *lengths, k):
-    return _keys.top_k_reference(x, k, lengths[0] if lengths else None)
-
-
-_top_k_fallback_lowering = mlir.lower_fun(_top_k_fallback, multiple_results=True)
-
-
-def _top_k_lowering(platform: str):
-    def lowering(ctx, x, *lengths, k):
-        op = "top_k_lengths" if lengths else "top_k"
-        target = _registry.kernel_target(op, platform, ctx.avals_in[0].dtype)
-        if target is None:
-            return _top_k_fallback_lowering(ctx, x, *lengths, k=k)
-        return jax.ffi.ffi_lowering(target)(ctx, x, *lengths, k=np.int64(k))
-
-    return lowering
-
-
-top_k_p.def_abstract_eval(_top_k_abstract_eval)
-batching.primitive_batchers[top_k_p] = _top_k_batch
-ad.primitive_jvps[top_k_p] = _top_k_jvp
-mlir.register_lowering(top_k_p, _top_k_fallback_lowering)  # every platform without a kernel
-for _platform in _registry.platforms():
-    mlir.register_lowering(top_k_p, _top_k_lowering(_platform), platform=_platform)
+top_k_p = _rows.make_row_primitive(
+    "jax_topk_top_k",
+    out_len=lambda n, *, k: k,
+    reference=lambda x, lengths, *, k: _keys.top_k_reference(x, k, lengths),
+    ops=("top_k", "top_k_lengths"),
+    ffi_attributes=lambda *, k: {"k": np.int64(k)},
+)
 
 
 def top_k(x: jax.Array, k: int, *, axis: int = -1, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
