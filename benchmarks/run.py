@@ -1,11 +1,12 @@
-"""The top-k benchmark over the issue grid, side by side in one process.
+"""The top-k and sort benchmarks over the issue grids, side by side in one process.
 
-    python benchmarks/run.py                      # the grid, float32 + bfloat16 routing rows
+    python benchmarks/run.py                      # top_k: the grid, float32 + bfloat16 routing rows
+    python benchmarks/run.py --op sort            # sort: rows x n (k = n: every element is output)
     python benchmarks/run.py --shapes 4096x2048:16 --repeats 20 --out /tmp/results
 
 Contenders: jax_topk.top_k, lax.top_k, jnp.argsort(stable, descending) and, when
 torch with CUDA is importable, torch.topk and torch.sort(stable) through a CUDA
-graph timed with events. Writes ``<out>/<device>.json`` and ``<out>/<device>.png``
+graph timed with events. Writes ``<out>/<device>[-sort].json`` and ``.png``
 (time per shape against the memory floor, log scale).
 """
 
@@ -32,9 +33,11 @@ GRID = (
     "64x65536:2048,2048x65536:2048,1x131072:2048,1x1048576:16,1x1048576:2048,"
     "16384x64:2:bfloat16,16384x128:8:bfloat16,16384x256:8:bfloat16,16384x384:6:bfloat16"
 )
+# The sort issue's shapes (k = n).
+SORT_GRID = "16384x256:256,4096x2048:2048,1024x8192:8192,128x131072:131072,64x65536:65536"
 
 
-def torch_contenders(repeats: int):
+def torch_contenders(op: str, repeats: int):
     """torch.topk / torch.sort factories timed through CUDA graphs, or {} without CUDA torch."""
     try:
         import torch
@@ -75,18 +78,20 @@ def torch_contenders(repeats: int):
         # The harness expects a JAX op; torch contenders return a precomputed time instead.
         return lambda shape: _bench.PrecomputedTime(graph_timer(shape, fn_for_shape(shape)))
 
-    return {
-        "torch.topk": factory(lambda s: (lambda x: torch.topk(x, s.k, dim=-1, sorted=True))),
-        "torch.sort": factory(lambda s: (lambda x: torch.sort(x, dim=-1, descending=True, stable=True))),
-    }
+    torch_sort = {"torch.sort": factory(lambda s: (lambda x: torch.sort(x, dim=-1, descending=True, stable=True)))}
+    if op == "sort":
+        return torch_sort
+    return {"torch.topk": factory(lambda s: (lambda x: torch.topk(x, s.k, dim=-1, sorted=True)))} | torch_sort
 
 
-def jax_contenders():
+def jax_contenders(op: str):
+    argsort = {"jnp.argsort": lambda s: (lambda x: jnp.argsort(x, axis=-1, stable=True, descending=True))}
+    if op == "sort":
+        return {"jax_topk.sort": lambda s: (lambda x: jax_topk.sort(x, descending=True))} | argsort
     return {
         "jax_topk.top_k": lambda s: (lambda x: jax_topk.top_k(x, s.k)),
         "lax.top_k": lambda s: (lambda x: jax.lax.top_k(x, s.k)),
-        "jnp.argsort": lambda s: (lambda x: jnp.argsort(x, axis=-1, stable=True, descending=True)),
-    }
+    } | argsort
 
 
 def plot(result: dict, path: str) -> bool:
@@ -110,7 +115,7 @@ def plot(result: dict, path: str) -> bool:
     ax.set_yscale("log")
     ax.set_ylabel("microseconds per op (log)")
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax.set_title(f"top-k on {result['device']} (copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s)")
+    ax.set_title(f"{result.get('op', 'top_k')} on {result['device']} (copy bandwidth {result['copy_bandwidth_GBps']:.0f} GB/s)")
     ax.legend(fontsize=8, ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -119,32 +124,35 @@ def plot(result: dict, path: str) -> bool:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=GRID, help="comma-separated ROWSxN:K[:DTYPE] (default: the issue grid)")
+    parser.add_argument("--op", choices=("top_k", "sort"), default="top_k")
+    parser.add_argument("--shapes", help="comma-separated ROWSxN:K[:DTYPE] (default: the op's issue grid)")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
 
-    shapes = _bench.parse_shapes(args.shapes)
-    contenders = jax_contenders()
+    shapes = _bench.parse_shapes(args.shapes or (SORT_GRID if args.op == "sort" else GRID))
+    contenders = jax_contenders(args.op)
     if not args.no_torch:
-        contenders.update(torch_contenders(args.repeats))
-    result = _bench.run_benchmark(shapes, contenders, baseline="lax.top_k", ours="jax_topk.top_k",
-                                  repeats=args.repeats)
+        contenders.update(torch_contenders(args.op, args.repeats))
+    ours = f"jax_topk.{args.op}"
+    anchors = ("jnp.argsort", "torch.sort") if args.op == "sort" else ("lax.top_k", "torch.topk")
+    result = _bench.run_benchmark(shapes, contenders, baseline=anchors[0], ours=ours, repeats=args.repeats)
+    result["op"] = args.op
     result["jax_topk"] = jax_topk.info()
-    ours = "jax_topk.top_k"
-    for anchor in ("lax.top_k", "torch.topk"):
+    for anchor in anchors:
         ratios = [r["times_us"][anchor] / r["times_us"][ours] for r in result["rows"] if anchor in r["times_us"]]
         if ratios:
             result[f"geomean_speedup_vs_{anchor}"] = _bench.geomean(ratios)
             result[f"min_speedup_vs_{anchor}"] = min(ratios)
     print(_bench.format_table(result))
-    for anchor in ("lax.top_k", "torch.topk"):
+    for anchor in anchors:
         if f"geomean_speedup_vs_{anchor}" in result:
             print(f"vs {anchor}: geomean {result[f'geomean_speedup_vs_{anchor}']:.2f}x, "
                   f"min {result[f'min_speedup_vs_{anchor}']:.2f}x")
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-"))
+    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
+    stem = os.path.join(args.out, device + ("-sort" if args.op == "sort" else ""))
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {stem}.json" + (f" and {stem}.png" if plot(result, stem + ".png") else ""))

@@ -6,7 +6,7 @@
 #include <nanobind/stl/string.h>
 
 #include "ffi/targets.h"
-#include "ffi/topk.h"
+#include "ffi/handlers.h"
 #include "jax_topk/dtypes.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -22,8 +22,6 @@ namespace nb = nanobind;
 #define JAX_TOPK_PLATFORM_NAME "CUDA"
 #endif
 
-#define JAX_TOPK_STRINGIFY_(x) #x
-#define JAX_TOPK_STRINGIFY(x) JAX_TOPK_STRINGIFY_(x)
 // Indirection so that JAX_TOPK_MODULE_NAME is expanded before NB_MODULE pastes it.
 #define JAX_TOPK_NB_MODULE(name, m) NB_MODULE(name, m)
 
@@ -65,8 +63,8 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         nb::dict d;
         d["ffi_api_version"] = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
         d["ffi_headers_jaxlib"] = std::string(JAX_TOPK_FFI_JAXLIB_VERSION);
-        d["compiler"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_COMPILER));
-        d["cuda_architectures"] = std::string(JAX_TOPK_STRINGIFY(JAX_TOPK_CUDA_ARCHITECTURES));
+        d["compiler"] = std::string(JAX_TOPK_COMPILER);
+        d["cuda_architectures"] = std::string(JAX_TOPK_CUDA_ARCHITECTURES);
 #if defined(JAX_TOPK_PLATFORM_CUDA)
         // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.
         nb::dict t;

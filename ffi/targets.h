@@ -5,9 +5,11 @@
 // without one lowers the op through the pure-JAX fallback.
 #pragma once
 
-#define JAX_TOPK_FOR_EACH_TARGET(X)                                 \
-  X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1)                     \
-  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0)
+#define JAX_TOPK_FOR_EACH_TARGET(X)                                  \
+  X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1)                      \
+  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0) \
+  X(sort, "jax_topk_sort", JaxTopkSort, 1, 0)                        \
+  X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 0)
 
 // JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, cuda_flag, code...) keeps `code` only
 // when the module being compiled has the handler.

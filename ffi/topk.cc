@@ -2,7 +2,7 @@
 // attribute, check them, and call the platform's kernel. This file is compiled
 // once per platform module: JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA.
 
-#include "ffi/topk.h"
+#include "ffi/handlers.h"
 
 #include <string>
 

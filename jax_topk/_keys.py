@@ -61,15 +61,15 @@ def valid_mask(lengths: jax.Array, n: int) -> jax.Array:
     return lax.broadcasted_iota(jnp.int32, lengths.shape + (n,), lengths.ndim) < lengths[..., None]
 
 
-def sort_order(x: jax.Array, lengths: jax.Array | None = None) -> jax.Array:
-    """Indices that order the last axis of ``x`` best first (descending in the
-    contract's order, ties by lower index), as int32. With ``lengths``, the
-    elements past each row's length come last."""
+def sort_order(x: jax.Array, lengths: jax.Array | None = None, *, descending: bool = True) -> jax.Array:
+    """Indices that order the last axis of ``x`` (descending: best first) in
+    the contract's order, ties by lower index in both directions, as int32.
+    With ``lengths``, the elements past each row's length come last."""
     keys = ordered_keys(x)
     iota = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
     # Ascending on the complemented key is descending on the key; the index as
     # last sort key (and a stable sort) puts lower indices first among ties.
-    operands = (~keys, iota)
+    operands = (~keys if descending else keys, iota)
     if lengths is not None:
         operands = ((~valid_mask(lengths, x.shape[-1])).astype(jnp.uint8),) + operands
     *_, order = lax.sort(operands, dimension=x.ndim - 1, num_keys=len(operands), is_stable=True)
@@ -105,4 +105,10 @@ def top_k_reference(x: jax.Array, k: int, lengths: jax.Array | None = None):
     """Top-k along the last axis by a full sort on ordered keys: slow, exact, and
     runnable on every backend. The fallback lowering of the ``top_k`` primitive."""
     indices = sort_order(x, lengths)[..., :k]
+    return pad_past_lengths(take_bits(x, indices), indices, lengths)
+
+
+def sort_reference(x: jax.Array, descending: bool, lengths: jax.Array | None = None):
+    """Stable sort along the last axis on ordered keys: the fallback lowering of ``sort``."""
+    indices = sort_order(x, lengths, descending=descending)
     return pad_past_lengths(take_bits(x, indices), indices, lengths)

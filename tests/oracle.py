@@ -42,6 +42,19 @@ def argsort_desc(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.moveaxis(np.argsort(~r, axis=-1, kind="stable"), -1, axis)
 
 
+def argsort(x: np.ndarray, axis: int = -1, descending: bool = False) -> np.ndarray:
+    """Stable order along axis in either direction; ties by lower index in both."""
+    if descending:
+        return argsort_desc(x, axis)
+    r = rank(np.moveaxis(np.asarray(x), axis, -1))
+    return np.moveaxis(np.argsort(r, axis=-1, kind="stable"), -1, axis)
+
+
+def sort(x: np.ndarray, axis: int = -1, descending: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    idx = argsort(x, axis, descending)
+    return np.take_along_axis(np.asarray(x), idx, axis=axis), idx.astype(np.int32)
+
+
 def top_k(x: np.ndarray, k: int, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x)
     idx = np.take(argsort_desc(x, axis), np.arange(k), axis=axis)

@@ -14,10 +14,10 @@ def test_info_reports_the_cpu_module():
     info = jax_topk.info()
     cpu = info["platforms"]["cpu"]
     assert cpu["native"] and cpu["ffi_platform"] == "cpu"
-    assert cpu["targets"] == {"top_k": "jax_topk_top_k", "top_k_lengths": "jax_topk_top_k_lengths"}
+    assert cpu["targets"] == {op: f"jax_topk_{op}" for op in ("top_k", "top_k_lengths", "sort", "sort_lengths")}
     assert tuple(cpu["build"]["ffi_api_version"]) >= (0, 3)
     assert info["backend"] in ("cpu", "gpu", "cuda")
-    assert set(info["paths"]) == {"top_k", "top_k_lengths"}
+    assert set(info["paths"]) == {"top_k", "top_k_lengths", "sort", "sort_lengths"}
 
 
 def test_module_built_against_newer_ffi_headers_is_not_registered(monkeypatch):

@@ -1,5 +1,5 @@
-// Handler symbols of the top_k op family (defined in ffi/topk.cc): one per
-// row of ffi/targets.h that this platform's module has.
+// Declarations of the FFI handler symbols: one per row of ffi/targets.h that
+// this platform's module has (defined in ffi/<op family>.cc).
 #pragma once
 
 #include "ffi/targets.h"

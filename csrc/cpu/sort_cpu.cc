@@ -1,0 +1,367 @@
+// CPU stable sort: an LSD radix sort of packed (key, index) integers.
+//
+// Every element becomes one unsigned integer, (sort key << 32) | index, where
+// the sort key is the ordered key (keys.h) for an ascending sort and its
+// complement for a descending one. Sorting these integers ascending is the
+// whole contract in both directions: best key first, equal keys by lower
+// index. Distinct elements never compare equal, so any sort of them is stable.
+// 64-bit dtypes pack into 128 bits.
+//
+// - Short rows (a few dozen elements): std::sort of the packed integers; a
+//   radix pass would spend more on its histogram than on the elements.
+// - Longer rows: LSD radix sort on the key digits only, carrying the index in
+//   the low half. LSD passes are stable and the items start in index order, so
+//   ties stay by lower index. One read of the row counts every digit's
+//   histogram; a digit whose elements all fall in one bucket needs no pass
+//   (common for floats' sign/exponent bits, and for small integers). The first
+//   pass reads the input directly and the last writes the outputs directly
+//   (values rebuilt from the key, which is a bijection of the bits), so no
+//   separate pack or unpack pass touches memory. Digits are 8 bits, or 11 bits
+//   for long rows of 32/64-bit keys (three passes instead of four for 32-bit
+//   keys, once the larger histogram is cheap next to the row).
+//
+// Rows are spread over the runner's workers. When there are fewer rows than
+// workers and a row is long, the row itself is cut into chunks: each radix
+// pass counts and scatters the chunks in parallel, every chunk writing to its
+// own precomputed offsets, so the result is the same as the serial sort.
+
+#include "cpu/sort_cpu.h"
+
+#include <algorithm>
+#include <memory>
+#include <type_traits>
+
+#include "jax_topk/keys.h"
+
+namespace jax_topk::cpu {
+namespace {
+
+// The packed item of one element and the direction of the sort.
+template <typename Bits, KeyKind Kind>
+class RowOrder {
+ public:
+  using Packed = std::conditional_t<(sizeof(Bits) <= 4), uint64_t, unsigned __int128>;
+  static constexpr int kIndexBits = sizeof(Packed) * 4;
+
+  explicit RowOrder(bool descending) : flip_(descending ? Bits(~Bits(0)) : Bits(0)) {}
+
+  Packed pack(Bits bits, int64_t index) const {
+    const Bits sort_key = Bits(ordered_key<Kind>(bits) ^ flip_);
+    return (Packed(sort_key) << kIndexBits) | Packed(uint32_t(index));
+  }
+  static Bits sort_key(Packed p) { return Bits(p >> kIndexBits); }
+  Bits bits(Packed p) const { return bits_from_key<Kind>(Bits(sort_key(p) ^ flip_)); }
+  static int32_t index(Packed p) { return int32_t(uint32_t(p)); }
+
+ private:
+  Bits flip_;  // all ones for descending: ascending order of ~key is descending order of key
+};
+
+// A buffer that only grows and is never zero-filled: a pass writes every slot
+// it later reads, and zeroing megabytes per row would cost as much as a pass.
+template <typename T>
+class GrowOnlyBuffer {
+ public:
+  T* get(int64_t size) {
+    if (size > size_) {
+      data_.reset(new T[size]);
+      size_ = size;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  int64_t size_ = 0;
+};
+
+template <typename Packed>
+struct RowScratch {
+  GrowOnlyBuffer<uint32_t> counts;  // [chunks][digits][buckets]: counts, then heads
+  GrowOnlyBuffer<uint32_t> tails;   // [chunks][buckets] of the digit being scattered
+  GrowOnlyBuffer<Packed> items;     // up to two ping-pong copies of the row
+};
+
+// Runs task(c) for c in [0, count) on the calling thread: the serial executor
+// for a row sorted inside one runner task.
+struct InlineTasks {
+  template <typename F>
+  void operator()(int64_t count, const F& task) const {
+    for (int64_t c = 0; c < count; ++c) task(c);
+  }
+};
+
+// Runs the chunks of one row on the runner's workers.
+struct RunnerTasks {
+  TaskRunner& runner;
+  template <typename F>
+  void operator()(int64_t count, const F& task) const {
+    if (count == 1) {
+      task(0);
+    } else {
+      runner.run(count, task);
+    }
+  }
+};
+
+template <typename Bits, KeyKind Kind, int kDigitBits>
+struct RadixSort {
+  using Order = RowOrder<Bits, Kind>;
+  using Packed = typename Order::Packed;
+  static constexpr int kDigits = (8 * int(sizeof(Bits)) + kDigitBits - 1) / kDigitBits;
+  static constexpr int64_t kBuckets = int64_t(1) << kDigitBits;
+  static constexpr int64_t kCountsPerChunk = kDigits * kBuckets;
+
+  static uint32_t digit(Packed p, int d) {
+    return uint32_t(uint64_t(Order::sort_key(p)) >> (d * kDigitBits)) & uint32_t(kBuckets - 1);
+  }
+
+  // Adds every digit's histogram of items [begin, end) to counts[d][bucket].
+  template <typename Load>
+  static void count_all_digits(const Load& load, int64_t begin, int64_t end, uint32_t* counts) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Packed p = load(i);
+      for (int d = 0; d < kDigits; ++d) ++counts[d * kBuckets + digit(p, d)];
+    }
+  }
+
+  static void count_digit(const Packed* items, int64_t begin, int64_t end, int d, uint32_t* counts) {
+    std::fill(counts, counts + kBuckets, 0u);
+    for (int64_t i = begin; i < end; ++i) ++counts[digit(items[i], d)];
+  }
+
+  // Turns counts[chunk][d][bucket] into heads: where each chunk's first item
+  // of a bucket goes, after every item of smaller buckets and after the
+  // bucket's items in earlier chunks, which keeps a chunked pass stable. All
+  // digits at once: their running sums are independent chains the CPU
+  // overlaps, which matters when the row is as short as the histogram.
+  static void heads_all_digits(uint32_t* counts, int64_t chunks) {
+    uint32_t next[kDigits] = {};
+    for (int64_t b = 0; b < kBuckets; ++b) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        for (int d = 0; d < kDigits; ++d) {
+          uint32_t& slot = counts[c * kCountsPerChunk + d * kBuckets + b];
+          const uint32_t count = slot;
+          slot = next[d];
+          next[d] += count;
+        }
+      }
+    }
+  }
+
+  static void heads_one_digit(uint32_t* counts, int64_t chunks, int d) {
+    uint32_t next = 0;
+    for (int64_t b = 0; b < kBuckets; ++b) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        uint32_t& slot = counts[c * kCountsPerChunk + d * kBuckets + b];
+        const uint32_t count = slot;
+        slot = next;
+        next += count;
+      }
+    }
+  }
+
+  // tails[chunk][bucket] of digit d, one past where each chunk's last item of
+  // a bucket goes: the head of the same bucket in the next chunk, or of the
+  // next bucket in the first chunk, or the end of the row. Computed before a
+  // pass starts moving the heads.
+  static void tails_of_digit(const uint32_t* counts, int64_t chunks, int d, int64_t len, uint32_t* tails) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const bool last_chunk = c + 1 == chunks;
+      const uint32_t* next = counts + (last_chunk ? 0 : c + 1) * kCountsPerChunk + d * kBuckets + last_chunk;
+      std::copy(next, next + kBuckets - last_chunk, tails + c * kBuckets);
+    }
+    tails[chunks * kBuckets - 1] = uint32_t(len);
+  }
+
+  // Moves items [begin, end) to their places by digit d. heads[bucket] is
+  // where the chunk's first item of that bucket goes, tails[bucket] one past
+  // where its last one goes. The front half walks forward filling buckets from
+  // their heads, the back half walks backward filling them from their tails:
+  // the result is the same stable order, but the two halves bump different
+  // counters, so a run of equal digits (the sign/exponent byte of floats) is
+  // two dependency chains through memory instead of one.
+  template <typename Load, typename Store>
+  static void scatter(const Load& load, const Store& store, int64_t begin, int64_t end, int d,
+                      uint32_t* heads, uint32_t* tails) {
+    int64_t front = begin, back = end - 1;
+    for (; front < back; ++front, --back) {
+      const Packed a = load(front), b = load(back);
+      store(heads[digit(a, d)]++, a);
+      store(--tails[digit(b, d)], b);
+    }
+    if (front == back) {
+      const Packed a = load(front);
+      store(heads[digit(a, d)]++, a);
+    }
+  }
+
+  // Sorts x[0:len) into values/indices[0:len) in `chunks` chunks run by
+  // run_tasks (InlineTasks or RunnerTasks).
+  template <typename RunTasks>
+  static void sort(const Order& order, const Bits* x, int64_t len, Bits* values, int32_t* indices,
+                   int64_t chunks, const RunTasks& run_tasks, RowScratch<Packed>& scratch) {
+    uint32_t* counts = scratch.counts.get(chunks * kCountsPerChunk);
+    uint32_t* tails = scratch.tails.get(chunks * kBuckets);
+    auto chunk_begin = [&](int64_t c) { return len * c / chunks; };
+    auto load_x = [&](int64_t i) { return order.pack(x[i], i); };
+    auto store_out = [&](int64_t j, Packed p) {
+      values[j] = order.bits(p);
+      indices[j] = Order::index(p);
+    };
+
+    // Every digit's histogram per chunk, in one read of the row.
+    run_tasks(chunks, [&](int64_t c) {
+      uint32_t* h = counts + c * kCountsPerChunk;
+      std::fill(h, h + kCountsPerChunk, 0u);
+      count_all_digits(load_x, chunk_begin(c), chunk_begin(c + 1), h);
+    });
+
+    // A digit needs a pass unless the bucket of the first item holds them all.
+    int active[kDigits];
+    int num_active = 0;
+    const Packed first = load_x(0);
+    for (int d = 0; d < kDigits; ++d) {
+      int64_t in_first_bucket = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        in_first_bucket += counts[c * kCountsPerChunk + d * kBuckets + digit(first, d)];
+      }
+      if (in_first_bucket != len) active[num_active++] = d;
+    }
+    if (num_active == 0) {  // all keys equal: index order is the answer
+      run_tasks(chunks, [&](int64_t c) {
+        for (int64_t i = chunk_begin(c); i < chunk_begin(c + 1); ++i) store_out(i, load_x(i));
+      });
+      return;
+    }
+
+    heads_all_digits(counts, chunks);
+
+    // x -> items[0] -> items[1] -> items[0] ... -> outputs.
+    Packed* items = scratch.items.get(std::min(num_active - 1, 2) * len);
+    const Packed* src = nullptr;  // nullptr: the input row
+    for (int k = 0; k < num_active; ++k) {
+      const int d = active[k];
+      Packed* dst = k + 1 == num_active ? nullptr : items + (k % 2) * len;  // nullptr: the outputs
+      // The first pass reads the row in its original order, whose histograms
+      // were counted above; later passes read a permutation, so each chunk's
+      // histogram is counted again (with one chunk it is the row's, unchanged).
+      if (k > 0 && chunks > 1) {
+        run_tasks(chunks, [&](int64_t c) {
+          count_digit(src, chunk_begin(c), chunk_begin(c + 1), d, counts + c * kCountsPerChunk + d * kBuckets);
+        });
+        heads_one_digit(counts, chunks, d);
+      }
+      tails_of_digit(counts, chunks, d, len, tails);
+      run_tasks(chunks, [&](int64_t c) {
+        uint32_t heads[kBuckets], local_tails[kBuckets];
+        std::copy(counts + c * kCountsPerChunk + d * kBuckets, counts + c * kCountsPerChunk + (d + 1) * kBuckets, heads);
+        std::copy(tails + c * kBuckets, tails + (c + 1) * kBuckets, local_tails);
+        const int64_t begin = chunk_begin(c), end = chunk_begin(c + 1);
+        auto to = [&](const auto& load) {
+          if (dst != nullptr) {
+            scatter(load, [dst](int64_t j, Packed p) { dst[j] = p; }, begin, end, d, heads, local_tails);
+          } else {
+            scatter(load, store_out, begin, end, d, heads, local_tails);
+          }
+        };
+        if (src != nullptr) {
+          to([src](int64_t i) { return src[i]; });
+        } else {
+          to(load_x);
+        }
+      });
+      src = dst;
+    }
+  }
+};
+
+// Row lengths below which std::sort of the packed items beats a radix pass,
+// and from which 11-bit digits beat 8-bit ones (measured with --bench of
+// csrc/cpu/tests/sort_cpu_test.cc).
+constexpr int64_t kMaxComparisonSortLength = 64;
+constexpr int64_t kMinWideDigitLength = 1 << 16;
+// Rows at least this long are split into chunks when rows are too few to
+// occupy the workers.
+constexpr int64_t kMinChunkedRowLength = 1 << 15;
+constexpr int64_t kTasksPerWorker = 4;  // small tasks even out rows of uneven lengths
+
+template <typename Traits>
+struct RowSorter {
+  using Bits = typename Traits::Bits;
+  static constexpr KeyKind Kind = Traits::kKeyKind;
+  using Order = RowOrder<Bits, Kind>;
+  using Packed = typename Order::Packed;
+
+  // Sorts x[0:len) into values/indices[0:len) and pads [len, n).
+  template <typename RunTasks>
+  static void sort_row(const Order& order, const Bits* x, int64_t len, int64_t n, Bits* values,
+                       int32_t* indices, int64_t chunks, const RunTasks& run_tasks,
+                       RowScratch<Packed>& scratch) {
+    if (len <= kMaxComparisonSortLength) {
+      comparison_sort(order, x, len, values, indices, scratch);
+    } else if (sizeof(Bits) >= 4 && len >= kMinWideDigitLength) {
+      RadixSort<Bits, Kind, 11>::sort(order, x, len, values, indices, chunks, run_tasks, scratch);
+    } else {
+      RadixSort<Bits, Kind, 8>::sort(order, x, len, values, indices, chunks, run_tasks, scratch);
+    }
+    std::fill(values + len, values + n, Traits::kLowestBits);
+    std::fill(indices + len, indices + n, -1);
+  }
+
+  static void comparison_sort(const Order& order, const Bits* x, int64_t len, Bits* values,
+                              int32_t* indices, RowScratch<Packed>& scratch) {
+    Packed* items = scratch.items.get(len);
+    for (int64_t i = 0; i < len; ++i) items[i] = order.pack(x[i], i);
+    std::sort(items, items + len);
+    for (int64_t i = 0; i < len; ++i) {
+      values[i] = order.bits(items[i]);
+      indices[i] = Order::index(items[i]);
+    }
+  }
+};
+
+template <typename Traits>
+void sort_rows_typed(const typename Traits::Bits* x, typename Traits::Bits* values, int32_t* indices,
+                     int64_t rows, int64_t n, bool descending, const int32_t* lengths,
+                     TaskRunner& runner) {
+  using Sorter = RowSorter<Traits>;
+  if (rows == 0 || n == 0) return;
+  const typename Sorter::Order order(descending);
+  auto row_length = [&](int64_t r) { return lengths != nullptr ? int64_t(lengths[r]) : n; };
+  auto sort_row = [&](int64_t r, int64_t chunks, const auto& run_tasks, auto& scratch) {
+    Sorter::sort_row(order, x + r * n, row_length(r), n, values + r * n, indices + r * n, chunks,
+                     run_tasks, scratch);
+  };
+  const int64_t workers = std::max<int64_t>(1, runner.concurrency());
+
+  if (rows >= workers || n < kMinChunkedRowLength) {
+    const int64_t tasks = std::min(rows, workers * kTasksPerWorker);
+    runner.run(tasks, [&](int64_t t) {
+      RowScratch<typename Sorter::Packed> scratch;
+      for (int64_t r = rows * t / tasks; r < rows * (t + 1) / tasks; ++r) sort_row(r, 1, InlineTasks{}, scratch);
+    });
+    return;
+  }
+
+  // Few long rows: one row at a time, each pass spread over the workers.
+  RowScratch<typename Sorter::Packed> scratch;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t chunks = row_length(r) >= kMinChunkedRowLength ? workers : 1;
+    sort_row(r, chunks, RunnerTasks{runner}, scratch);
+  }
+}
+
+}  // namespace
+
+bool sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows, int64_t n,
+               bool descending, const int32_t* lengths, TaskRunner& runner) {
+  return visit_dtype(dtype, [&](auto traits) {
+    using Traits = decltype(traits);
+    using Bits = typename Traits::Bits;
+    sort_rows_typed<Traits>(static_cast<const Bits*>(x), static_cast<Bits*>(values), indices, rows, n,
+                            descending, lengths, runner);
+  });
+}
+
+}  // namespace jax_topk::cpu

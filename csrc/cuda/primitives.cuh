@@ -1,0 +1,245 @@
+// Small warp/block building blocks shared by the top-k kernels: key codecs,
+// packed (key, index) integers, shuffles of wide integers, warp-aggregated
+// slot reservation, a block scan and a vectorised row walk.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "jax_topk/dtypes.h"
+#include "jax_topk/gpu_compat.h"
+#include "jax_topk/keys.h"
+
+// `#pragma unroll` for loops in host-callable code: host compilers warn on it.
+#if defined(__CUDA_ARCH__)
+#define JAX_TOPK_UNROLL _Pragma("unroll")
+#else
+#define JAX_TOPK_UNROLL
+#endif
+
+namespace jax_topk::cuda {
+
+// The one place the kernels assume a warp width. HIP (wave64) will change it
+// together with the full-warp masks below.
+inline constexpr int kWarpSize = 32;
+inline constexpr unsigned kFullWarpMask = 0xffffffffu;
+
+using u128 = unsigned __int128;
+
+// ---------------------------------------------------------------------------
+// Key codec: ordered_key / bits_from_key as run-time masks.
+//
+// For every KeyKind, ordered_key(bits) is `bits ^ mask` where the mask only
+// depends on the sign bit of `bits` (and bits_from_key(key) likewise on the
+// top bit of `key`). Capturing the two masks on the host from keys.h lets one
+// kernel instantiation per bit width serve every dtype of that width (int32,
+// uint32 and float32 share code) while keys.h stays the single definition of
+// the order. The self-test checks the codec against keys.h for every dtype.
+template <typename U>
+struct KeyCodec {
+  U key_xor_if_sign;      // ordered_key(bits) = bits ^ this   when bits has its top bit set
+  U key_xor_if_no_sign;   //                   = bits ^ this   otherwise
+  U bits_xor_if_sign;     // bits_from_key(key) = key ^ this   when key has its top bit set
+  U bits_xor_if_no_sign;  //                    = key ^ this   otherwise
+
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE U key(U bits) const {
+    return bits ^ ((bits & kSignBit<U>) ? key_xor_if_sign : key_xor_if_no_sign);
+  }
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE U bits(U key) const {
+    return key ^ ((key & kSignBit<U>) ? bits_xor_if_sign : bits_xor_if_no_sign);
+  }
+};
+
+template <KeyKind Kind, typename U>
+KeyCodec<U> make_key_codec() {
+  KeyCodec<U> c;
+  c.key_xor_if_sign = U(ordered_key<Kind>(kSignBit<U>) ^ kSignBit<U>);
+  c.key_xor_if_no_sign = ordered_key<Kind>(U(0));
+  c.bits_xor_if_sign = U(bits_from_key<Kind>(kSignBit<U>) ^ kSignBit<U>);
+  c.bits_xor_if_no_sign = bits_from_key<Kind>(U(0));
+  return c;
+}
+
+// ---------------------------------------------------------------------------
+// Packed (key, index): one unsigned integer P whose integer order is the
+// whole contract -- larger key first, then LOWER index first -- because the
+// low bits hold the complemented index. Distinct elements of a row give
+// distinct packed values, so any correct selection or sort of them is
+// deterministic. 0 is below every packed element (the complemented index is
+// never 0: index < 2^31 with 32 index bits, index < 65535 with 16), which
+// makes 0 the padding value.
+template <typename U, typename P>
+struct KeyIndexPacking {
+  static_assert(std::is_unsigned_v<U>, "raw bits");
+  static constexpr int kKeyBits = int(sizeof(U) * 8);
+  static constexpr int kIndexBits = int(sizeof(P) * 8) - kKeyBits >= 32 ? 32 : 16;
+  static_assert(kKeyBits + kIndexBits <= int(sizeof(P) * 8), "packed type too narrow");
+  static constexpr uint32_t kIndexMask =
+      kIndexBits == 32 ? 0xffffffffu : ((1u << kIndexBits) - 1u);
+
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE static P pack(U key, uint32_t index) {
+    return (P(key) << kIndexBits) | P((~index) & kIndexMask);
+  }
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE static U key(P p) { return U(p >> kIndexBits); }
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE static uint32_t index(P p) {
+    return (~uint32_t(p)) & kIndexMask;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Shuffles of 32/64/128-bit unsigned integers (as 32-bit words).
+template <typename T>
+__device__ JAX_TOPK_FORCE_INLINE T shfl_xor_wide(T v, int lane_mask) {
+  static_assert(sizeof(T) % 4 == 0, "whole words");
+  constexpr int kWords = int(sizeof(T) / 4);
+  uint32_t w[kWords];
+  memcpy(w, &v, sizeof(T));
+JAX_TOPK_UNROLL
+  for (int i = 0; i < kWords; ++i) w[i] = __shfl_xor_sync(kFullWarpMask, w[i], lane_mask);
+  memcpy(&v, w, sizeof(T));
+  return v;
+}
+
+// Lane src_lane's value, in every lane.
+template <typename T>
+__device__ JAX_TOPK_FORCE_INLINE T shfl_wide(T v, int src_lane) {
+  static_assert(sizeof(T) % 4 == 0, "whole words");
+  constexpr int kWords = int(sizeof(T) / 4);
+  uint32_t w[kWords];
+  memcpy(w, &v, sizeof(T));
+JAX_TOPK_UNROLL
+  for (int i = 0; i < kWords; ++i) w[i] = __shfl_sync(kFullWarpMask, w[i], src_lane);
+  memcpy(&v, w, sizeof(T));
+  return v;
+}
+
+template <typename T>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE T max_of(T a, T b) { return a < b ? b : a; }
+template <typename T>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE T min_of(T a, T b) { return a < b ? a : b; }
+
+__device__ JAX_TOPK_FORCE_INLINE int lane_id() { return int(threadIdx.x) & (kWarpSize - 1); }
+
+// Reserves `want ? 1 : 0` consecutive slots from `*counter` with one atomic per
+// warp. Every lane of the warp must call it (converged); each wanting lane
+// gets its own slot. The slots' ORDER depends on scheduling, so callers only
+// use it to build sets (later sorted by the unique packed key).
+__device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool want) {
+  const unsigned mask = __ballot_sync(kFullWarpMask, want);
+  if (mask == 0) return 0;
+  const int leader = __ffs(mask) - 1;
+  const int lane = lane_id();
+  uint32_t base = 0;
+  if (lane == leader) base = atomicAdd(counter, uint32_t(__popc(mask)));
+  base = __shfl_sync(kFullWarpMask, base, leader);
+  return base + uint32_t(__popc(mask & ((1u << lane) - 1u)));
+}
+
+// Block-wide exclusive prefix sum of one value per thread, in thread order.
+// All threads must call it. `warp_totals` is shared memory for
+// kThreads / kWarpSize words; the call ends with a barrier so it can be
+// reused right away.
+template <int kThreads>
+__device__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* warp_totals) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads / kWarpSize <= kWarpSize, "one scan warp");
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = lane_id();
+  const int warp = int(threadIdx.x) / kWarpSize;
+  uint32_t inclusive = v;
+JAX_TOPK_UNROLL
+  for (int d = 1; d < kWarpSize; d *= 2) {
+    const uint32_t t = __shfl_up_sync(kFullWarpMask, inclusive, d);
+    if (lane >= d) inclusive += t;
+  }
+  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t total = lane < kWarps ? warp_totals[lane] : 0;
+    uint32_t incl = total;
+JAX_TOPK_UNROLL
+    for (int d = 1; d < kWarpSize; d *= 2) {
+      const uint32_t t = __shfl_up_sync(kFullWarpMask, incl, d);
+      if (lane >= d) incl += t;
+    }
+    if (lane < kWarps) warp_totals[lane] = incl - total;  // exclusive warp offsets
+  }
+  __syncthreads();
+  const uint32_t result = warp_totals[warp] + inclusive - v;
+  __syncthreads();
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Walks x[begin, end) of one row with the threads [0, nthreads) of a block,
+// calling visit(bits, index, valid) the same number of times in every thread
+// (so visit may use warp collectives): 16-byte loads for the aligned middle,
+// kUnroll of them in flight per thread, scalar head and tail. Invalid calls
+// carry bits = 0 and must be ignored by visit.
+template <typename U>
+union Vec16 {
+  uint4 raw;
+  U elems[16 / sizeof(U)];
+};
+
+template <typename U, int kUnroll, typename Visit>
+__device__ JAX_TOPK_FORCE_INLINE void walk_row(const U* __restrict__ row, int64_t begin,
+                                               int64_t end, int tid, int nthreads,
+                                               Visit&& visit) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const int64_t len = end - begin;
+  if (len <= 0) return;  // uniform: same arguments in every thread
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
+  const int64_t to_aligned = int64_t((16 - (addr & 15)) & 15) / int64_t(sizeof(U));
+  const int64_t head = to_aligned < len ? to_aligned : len;  // < kVec <= nthreads
+  {
+    const int64_t i = begin + tid;
+    const bool valid = tid < head;
+    visit(valid ? row[i] : U(0), i, valid);
+  }
+  const int64_t body_begin = begin + head;
+  const int64_t nvec = (end - body_begin) / kVec;
+  const uint4* vecs = reinterpret_cast<const uint4*>(row + body_begin);
+  for (int64_t v0 = 0; v0 < nvec; v0 += int64_t(nthreads) * kUnroll) {
+    Vec16<U> data[kUnroll];
+JAX_TOPK_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + int64_t(u) * nthreads + tid;
+      data[u].raw = v < nvec ? vecs[v] : make_uint4(0, 0, 0, 0);
+    }
+JAX_TOPK_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + int64_t(u) * nthreads + tid;
+      const bool valid = v < nvec;
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kVec; ++e) visit(data[u].elems[e], body_begin + v * kVec + e, valid);
+    }
+  }
+  {
+    const int64_t tail_begin = body_begin + nvec * kVec;  // fewer than kVec left
+    const int64_t i = tail_begin + tid;
+    const bool valid = i < end;
+    visit(valid ? row[i] : U(0), i, valid);
+  }
+}
+
+// Smallest power of two >= v (v >= 1).
+JAX_TOPK_HOST_DEVICE constexpr int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// Bits needed to write v (0 for v == 0).
+JAX_TOPK_HOST_DEVICE constexpr int bit_width(uint64_t v) {
+  int b = 0;
+  while (v) {
+    ++b;
+    v >>= 1;
+  }
+  return b;
+}
+
+}  // namespace jax_topk::cuda

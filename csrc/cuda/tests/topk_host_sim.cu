@@ -1,0 +1,275 @@
+// Host-only simulation of the GPU top-k algorithms, for machines without a
+// GPU. It runs the same host-callable pieces the kernels use (key codec,
+// packing, load_packed_chunk, absorb_chunk, the bitonic networks, the radix
+// field schedule and state machine) in a sequential emulation of the lanes /
+// threads, and compares with a plain oracle. It does NOT exercise warp
+// collectives, atomics, barriers or memory traffic: topk_selftest does that
+// on a GPU. Build and run from the repository root:
+//
+//   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -Icsrc/include -Icsrc csrc/cuda/tests/topk_host_sim.cu -o topk_host_sim && ./topk_host_sim
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda/topk_radix.cuh"
+#include "cuda/topk_warp.cuh"
+#include "jax_topk/topk_dispatch.h"
+
+using namespace jax_topk;
+using namespace jax_topk::cuda;
+
+namespace {
+
+int g_failed = 0, g_passed = 0;
+
+template <KeyKind Kind, typename U>
+std::vector<std::pair<U, int32_t>> oracle(const std::vector<U>& row, int64_t k) {
+  const int64_t n = int64_t(row.size());
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return ordered_key<Kind>(row[size_t(a)]) > ordered_key<Kind>(row[size_t(b)]);
+  });
+  std::vector<std::pair<U, int32_t>> out;
+  for (int64_t j = 0; j < k; ++j) out.push_back({row[size_t(order[size_t(j)])], order[size_t(j)]});
+  return out;
+}
+
+template <typename U>
+std::vector<U> make_row(std::mt19937_64& rng, int64_t n, int pattern) {
+  std::vector<U> row(static_cast<size_t>(n));
+  const U few[3] = {U(rng()), U(rng()), U(rng())};
+  for (int64_t i = 0; i < n; ++i) {
+    switch (pattern) {
+      case 0: row[size_t(i)] = U(rng()); break;
+      case 1: row[size_t(i)] = few[rng() % 3]; break;
+      case 2: row[size_t(i)] = few[0]; break;
+      case 3: row[size_t(i)] = U(i * 3 + 1); break;          // ascending bits
+      default: row[size_t(i)] = U((rng() % 8) << (sizeof(U) * 8 - 4)); break;  // top bits only
+    }
+  }
+  return row;
+}
+
+template <typename U>
+void report(bool ok, const char* what, int64_t n, int64_t k, int pattern, int extra) {
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+    std::printf("FAIL %s bytes=%d n=%lld k=%lld pattern=%d extra=%d\n", what, int(sizeof(U)),
+                (long long)n, (long long)k, pattern, extra);
+  }
+}
+
+// ---- warp sort: lanes emulated one after another --------------------------
+template <KeyKind Kind, typename U, int K>
+bool sim_warp_sort(const std::vector<U>& row, int64_t k, bool vectorised) {
+  using P = typename WarpSortPacked<U>::type;
+  using Pack = KeyIndexPacking<U, P>;
+  constexpr int kVec = int(16 / sizeof(U));
+  constexpr int kElems = K > kVec ? K : kVec;
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  const int n = int(row.size());
+  const int lanes = warp_sort_lanes_per_row(n);
+  std::vector<std::vector<P>> lists(size_t(lanes), std::vector<P>(K, P(0)));
+  P prune = 0;
+  const int per_iteration = lanes * kElems;
+  const int iterations = (n + per_iteration - 1) / per_iteration;
+  if (lanes == kWarpSize && iterations > 1) {  // lane-maxima pre-pass
+    std::vector<P> maxima(size_t(lanes), P(0));
+    for (int it = 0; it < iterations; ++it) {
+      for (int lane = 0; lane < lanes; ++lane) {
+        P chunk[kElems];
+        load_packed_chunk<U, P, kElems>(row.data(), n, vectorised, it, lane, lanes, true, codec, chunk);
+        for (int i = 0; i < kElems; ++i) maxima[size_t(lane)] = std::max(maxima[size_t(lane)], chunk[i]);
+      }
+    }
+    std::sort(maxima.begin(), maxima.end(), [](P a, P b) { return a > b; });
+    const P m = maxima[size_t(k - 1)];
+    prune = m > 0 ? P(m - 1) : P(0);
+  }
+  for (int it = 0; it < iterations; ++it) {
+    for (int lane = 0; lane < lanes; ++lane) {
+      P chunk[kElems];
+      load_packed_chunk<U, P, kElems>(row.data(), n, vectorised, it, lane, lanes, true, codec, chunk);
+      P list[K];
+      std::copy(lists[size_t(lane)].begin(), lists[size_t(lane)].end(), list);
+      absorb_chunk<K, kElems>(list, chunk, prune);
+      std::copy(list, list + K, lists[size_t(lane)].begin());
+    }
+    if (iterations > 1) {
+      P m = 0;
+      for (int lane = 0; lane < lanes; ++lane) {
+        P list[K];
+        std::copy(lists[size_t(lane)].begin(), lists[size_t(lane)].end(), list);
+        m = std::max(m, select_at(list, int(k - 1)));
+      }
+      prune = std::max(prune, m);
+    }
+  }
+  for (int m = 1; m < lanes; m *= 2) {
+    auto next = lists;
+    for (int lane = 0; lane < lanes; ++lane) {
+      P a[K], b[K];
+      std::copy(lists[size_t(lane)].begin(), lists[size_t(lane)].end(), a);
+      std::copy(lists[size_t(lane ^ m)].begin(), lists[size_t(lane ^ m)].end(), b);
+      merge_top_desc(a, b);
+      std::copy(a, a + K, next[size_t(lane)].begin());
+    }
+    lists = next;
+  }
+  for (int lane = 1; lane < lanes; ++lane) {
+    if (lists[size_t(lane)] != lists[0]) return false;
+  }
+  const auto want = oracle<Kind>(row, k);
+  for (int64_t j = 0; j < k; ++j) {
+    const P p = lists[0][size_t(j)];
+    if (codec.bits(Pack::key(p)) != want[size_t(j)].first || int32_t(Pack::index(p)) != want[size_t(j)].second) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <KeyKind Kind, typename U>
+bool sim_warp_sort_any(const std::vector<U>& row, int64_t k, bool vectorised) {
+  switch (next_pow2(k)) {
+    case 1: return sim_warp_sort<Kind, U, 1>(row, k, vectorised);
+    case 2: return sim_warp_sort<Kind, U, 2>(row, k, vectorised);
+    case 4: return sim_warp_sort<Kind, U, 4>(row, k, vectorised);
+    case 8: return sim_warp_sort<Kind, U, 8>(row, k, vectorised);
+    case 16: return sim_warp_sort<Kind, U, 16>(row, k, vectorised);
+    case 32: return sim_warp_sort<Kind, U, 32>(row, k, vectorised);
+  }
+  return false;
+}
+
+// ---- radix select: the row-per-block state machine, sequentially ----------
+// The digit choice emulates choose_radix_digit's split of bins over threads.
+RadixChoice sim_choose(const std::vector<uint32_t>& hist, int bins, uint32_t k_left, int threads) {
+  const int per = (bins + threads - 1) / threads;
+  uint32_t above = 0;
+  RadixChoice found{~0u, 0, 0};
+  int finders = 0;
+  for (int t = 0; t < threads; ++t) {
+    const int top = bins - t * per, bottom = top - per;
+    uint32_t mine = 0;
+    for (int b = top - 1; b >= bottom && b >= 0; --b) mine += hist[size_t(b)];
+    if (above < k_left && k_left <= above + mine) {
+      ++finders;
+      uint32_t acc = above;
+      for (int b = top - 1; b >= bottom && b >= 0; --b) {
+        if (acc + hist[size_t(b)] >= k_left) {
+          found = RadixChoice{uint32_t(b), acc, hist[size_t(b)]};
+          break;
+        }
+        acc += hist[size_t(b)];
+      }
+    }
+    above += mine;
+  }
+  if (finders != 1) found.digit = ~0u;
+  return found;
+}
+
+template <KeyKind Kind, typename U>
+bool sim_radix(const std::vector<U>& row, int64_t k, int64_t capacity, int* scans_out) {
+  using P = typename RadixPacked<U>::type;
+  using Pack = KeyIndexPacking<U, P>;
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  const int64_t n = int64_t(row.size());
+  const int index_bits = radix_index_bits(n);
+  RadixState<P> st = radix_initial_state<P>(int(sizeof(U) * 8), n, k, capacity);
+  std::vector<P> packed(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) packed[size_t(i)] = Pack::pack(codec.key(row[size_t(i)]), uint32_t(i));
+  std::vector<P> cand[2], survivors;
+  int scans = 0;
+  const int max_scans = radix_field_count(int(sizeof(U) * 8), index_bits) + 1;
+  for (;;) {
+    if (++scans > max_scans) return false;
+    const bool gather = st.done != 0;
+    const RadixField next = next_radix_field(st.lo, index_bits);
+    const int bins = 1 << (next.hi - next.lo);
+    std::vector<uint32_t> hist(size_t(bins), 0);
+    std::vector<P> out;
+    const std::vector<P>& src = st.source < 0 ? packed : cand[st.source];
+    const size_t count = st.source < 0 ? packed.size() : st.source_count;
+    if (st.source >= 0 && cand[st.source].size() != count) return false;
+    for (size_t i = 0; i < count; ++i) {
+      const P e = src[i];
+      const bool in = prefix_matches(e, st.prefix, st.hi);
+      const uint32_t d = field_of(e, st.lo, st.hi);
+      if (in && (gather ? d >= st.digit : d > st.digit)) survivors.push_back(e);
+      if (gather) continue;
+      if (in && d == st.digit) {
+        ++hist[field_of(e, next.lo, next.hi)];
+        if (st.compact_to >= 0) out.push_back(e);
+      }
+    }
+    if (gather) break;
+    if (st.compact_to >= 0) {
+      if (int64_t(out.size()) > capacity || out.size() != st.tied) return false;
+      cand[st.compact_to] = out;
+    }
+    const RadixChoice c = sim_choose(hist, bins, st.k_left, kRadixThreads);
+    if (c.digit == ~0u) return false;
+    st = radix_advance(st, next, c, capacity);
+  }
+  if (int64_t(survivors.size()) != k) return false;
+  std::sort(survivors.begin(), survivors.end(), [](P a, P b) { return a > b; });
+  const auto want = oracle<Kind>(row, k);
+  for (int64_t j = 0; j < k; ++j) {
+    const P p = survivors[size_t(j)];
+    if (codec.bits(Pack::key(p)) != want[size_t(j)].first || int32_t(Pack::index(p)) != want[size_t(j)].second) {
+      return false;
+    }
+  }
+  *scans_out = scans;
+  return true;
+}
+
+template <KeyKind Kind, typename U>
+void run_width(std::mt19937_64& rng) {
+  // Warp sort (8/16/32-bit keys only, as in the dispatcher).
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {1, 2, 3, 17, 31, 32, 33, 64, 100, 128, 255, 256, 257, 384, 1000, 1024, 2048, 4100, 16384}) {
+    for (int64_t k : {1, 2, 3, 5, 8, 9, 16, 17, 32}) {
+      if (k > n) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        const bool vec_ok = (n * int64_t(sizeof(U))) % 16 == 0;
+        report<U>(sim_warp_sort_any<Kind, U>(row, k, false), "warp_sort(scalar)", n, k, pattern, 0);
+        if (vec_ok) report<U>(sim_warp_sort_any<Kind, U>(row, k, true), "warp_sort(vector)", n, k, pattern, 1);
+      }
+    }
+  }
+  // Radix select.
+  for (int64_t n : {1, 2, 3, 100, 2047, 2048, 2049, 5000, 70001}) {
+    for (int64_t k : {int64_t(1), int64_t(2), int64_t(33), int64_t(1000), n / 2, n - 1, n}) {
+      if (k > n || k < 1) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t capacity : {int64_t(0), int64_t(64), int64_t(2048), n}) {
+          int scans = 0;
+          report<U>(sim_radix<Kind, U>(row, k, capacity, &scans), "radix", n, k, pattern, int(capacity));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937_64 rng(42);
+  run_width<KeyKind::kFloat, uint32_t>(rng);
+  run_width<KeyKind::kFloat, uint16_t>(rng);
+  run_width<KeyKind::kSigned, uint8_t>(rng);
+  run_width<KeyKind::kFloat, uint64_t>(rng);
+  run_width<KeyKind::kUnsigned, uint32_t>(rng);
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed ? 1 : 0;
+}

@@ -1,0 +1,638 @@
+// Standalone GPU self-test and micro-benchmark of jax_topk::cuda::topk_rows
+// (plain CUDA runtime, no JAX). Build from the repository root:
+//
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc/include -Icsrc -gencode arch=compute_90,code=sm_90 csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o topk_selftest
+//
+// (add -gencode arch=compute_80,code=sm_80 / compute_100,code=sm_100 for other chips)
+//
+// Run:   ./topk_selftest            correctness suite (bit-exact vs a CPU oracle)
+//        ./topk_selftest --quick    a smaller suite
+//        ./topk_selftest --big      also rows*n > 2^31 (uint8, slow oracle)
+//        ./topk_selftest --bench    timings of the benchmark grid (float32)
+//        ./topk_selftest --dry-run  count the cases (no GPU needed)
+//
+// Correctness: every case runs twice (different output poison, different
+// scratch garbage) and must match the oracle (ordered keys from keys.h,
+// sorted by key descending then index ascending) bit for bit, leave the guard
+// words after the outputs untouched, and give identical bits both times.
+// Prints one line per failure and ends with "N passed, M failed"; exit code
+// 1 on any failure.
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/primitives.cuh"
+#include "cuda/topk_cuda.h"
+#include "jax_topk/dtypes.h"
+#include "jax_topk/keys.h"
+#include "jax_topk/topk_dispatch.h"
+
+using namespace jax_topk;
+
+namespace {
+
+#define CHECK_CUDA(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t err_ = (expr);                                                             \
+    if (err_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(err_),       \
+                   __FILE__, __LINE__, #expr);                                             \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+int g_sm_count = 0;
+size_t g_l2_bytes = 0;
+int g_passed = 0;
+int g_failed = 0;
+
+enum class Pattern { kRandomBits, kGaussian, kFewValues, kAllEqual, kSpecials, kAscending, kDescending };
+
+const char* pattern_name(Pattern p) {
+  switch (p) {
+    case Pattern::kRandomBits: return "random_bits";
+    case Pattern::kGaussian: return "gaussian";
+    case Pattern::kFewValues: return "few_values";
+    case Pattern::kAllEqual: return "all_equal";
+    case Pattern::kSpecials: return "specials";
+    case Pattern::kAscending: return "ascending";
+    case Pattern::kDescending: return "descending";
+  }
+  return "?";
+}
+
+const std::vector<Pattern> kAllPatterns = {Pattern::kRandomBits, Pattern::kGaussian,
+                                           Pattern::kFewValues,  Pattern::kAllEqual,
+                                           Pattern::kSpecials,   Pattern::kAscending,
+                                           Pattern::kDescending};
+
+// Special bit patterns per dtype: signed zeros, infinities, NaNs of both signs
+// with several payloads (quiet and signalling), denormals, extremes.
+template <typename U>
+std::vector<U> special_values(DType d) {
+  std::vector<uint64_t> v;
+  switch (d) {
+    case DType::float32:
+      v = {0x00000000, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000, 0x7fc00001,
+           0xffc00001, 0x7f800001, 0xff800001, 0x7fffffff, 0xffffffff, 0x00000001, 0x80000001,
+           0x007fffff, 0x807fffff, 0x3f800000, 0xbf800000, 0x7f7fffff, 0xff7fffff};
+      break;
+    case DType::float64:
+      v = {0x0ull, 0x8000000000000000ull, 0x7ff0000000000000ull, 0xfff0000000000000ull,
+           0x7ff8000000000000ull, 0xfff8000000000000ull, 0x7ff8000000000001ull,
+           0xfff8000000000001ull, 0x7ff0000000000001ull, 0xfff0000000000001ull,
+           0x7fffffffffffffffull, 0xffffffffffffffffull, 0x1ull, 0x8000000000000001ull,
+           0x000fffffffffffffull, 0x800fffffffffffffull, 0x3ff0000000000000ull,
+           0xbff0000000000000ull, 0x7fefffffffffffffull, 0xffefffffffffffffull};
+      break;
+    case DType::bfloat16:
+      v = {0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7fc1, 0xffc1, 0x7f81, 0xff81,
+           0x7fff, 0xffff, 0x0001, 0x8001, 0x007f, 0x807f, 0x3f80, 0xbf80, 0x7f7f, 0xff7f};
+      break;
+    case DType::float16:
+      v = {0x0000, 0x8000, 0x7c00, 0xfc00, 0x7e00, 0xfe00, 0x7e01, 0xfe01, 0x7c01, 0xfc01,
+           0x7fff, 0xffff, 0x0001, 0x8001, 0x03ff, 0x83ff, 0x3c00, 0xbc00, 0x7bff, 0xfbff};
+      break;
+    default: {  // integers: 0, 1, all ones (-1 / max), sign bit (min), max positive
+      const uint64_t ones = sizeof(U) == 8 ? ~0ull : ((1ull << (8 * sizeof(U))) - 1);
+      const uint64_t sign = 1ull << (8 * sizeof(U) - 1);
+      v = {0, 1, ones, sign, sign - 1, 2, ones - 1};
+    }
+  }
+  std::vector<U> out;
+  for (uint64_t x : v) out.push_back(U(x));
+  return out;
+}
+
+template <KeyKind Kind, typename U>
+void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t n) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto random_bits = [&]() { return U(rng()); };
+  switch (p) {
+    case Pattern::kRandomBits:
+      for (int64_t i = 0; i < n; ++i) row[i] = random_bits();
+      break;
+    case Pattern::kGaussian:
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = normal(rng);
+        U bits;
+        if (d == DType::float32) {
+          const float f = float(g);
+          uint32_t b;
+          std::memcpy(&b, &f, 4);
+          bits = U(b);
+        } else if (d == DType::float64) {
+          uint64_t b;
+          std::memcpy(&b, &g, 8);
+          bits = U(b);
+        } else if (d == DType::bfloat16) {
+          const float f = float(g);
+          uint32_t b;
+          std::memcpy(&b, &f, 4);
+          bits = U(b >> 16);
+        } else if (d == DType::float16) {
+          const __half h = __float2half(float(g));
+          uint16_t b;
+          std::memcpy(&b, &h, 2);
+          bits = U(b);
+        } else {  // integers: a bell around 0 in the integer's units
+          const int64_t iv = int64_t(std::llround(g * 40.0));
+          bits = U(uint64_t(iv));
+        }
+        row[i] = bits;
+      }
+      break;
+    case Pattern::kFewValues: {
+      const U vals[3] = {random_bits(), random_bits(), random_bits()};
+      for (int64_t i = 0; i < n; ++i) row[i] = vals[rng() % 3];
+      break;
+    }
+    case Pattern::kAllEqual: {
+      const U v = random_bits();
+      for (int64_t i = 0; i < n; ++i) row[i] = v;
+      break;
+    }
+    case Pattern::kSpecials: {
+      const std::vector<U> sp = special_values<U>(d);
+      for (int64_t i = 0; i < n; ++i) row[i] = (rng() & 1) ? sp[rng() % sp.size()] : random_bits();
+      break;
+    }
+    case Pattern::kAscending:
+      for (int64_t i = 0; i < n; ++i) row[i] = bits_from_key<Kind>(U(uint64_t(i) * 7 + 3));
+      break;
+    case Pattern::kDescending:
+      for (int64_t i = 0; i < n; ++i) row[i] = bits_from_key<Kind>(U(uint64_t(n - i) * 5 + 1));
+      break;
+  }
+}
+
+// The oracle: ordered keys, key descending, index ascending.
+template <KeyKind Kind, typename U>
+void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, std::vector<U>* values,
+                 std::vector<int32_t>* indices) {
+  values->assign(size_t(rows * k), U(0));
+  indices->assign(size_t(rows * k), 0);
+  std::vector<U> keys(static_cast<size_t>(n));
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    const U* row = x + r * n;
+    for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = ordered_key<Kind>(row[i]);
+    std::iota(order.begin(), order.end(), 0);
+    auto better = [&](int32_t a, int32_t b) {
+      return keys[size_t(a)] != keys[size_t(b)] ? keys[size_t(a)] > keys[size_t(b)] : a < b;
+    };
+    if (k < n) {
+      std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+    }
+    std::sort(order.begin(), order.begin() + k, better);
+    for (int64_t j = 0; j < k; ++j) {
+      (*values)[size_t(r * k + j)] = row[order[size_t(j)]];
+      (*indices)[size_t(r * k + j)] = order[size_t(j)];
+    }
+  }
+}
+
+constexpr int kGuardWords = 64;
+
+// Runs one case; returns true when it passed.
+template <typename Traits>
+bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
+              uint64_t seed) {
+  using U = typename Traits::Bits;
+  constexpr KeyKind Kind = Traits::kKeyKind;
+  const TopkRegime regime = choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count);
+  char label[320];
+  std::snprintf(label, sizeof label, "dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s regime=%s",
+                Traits::kName, (long long)rows, (long long)n, (long long)k, pattern_name(pattern),
+                misaligned ? " misaligned" : "", topk_regime_name(regime));
+
+  std::mt19937_64 rng(seed);
+  const int64_t elems = rows * n;
+  std::vector<U> host_x(static_cast<size_t>(elems));
+  for (int64_t r = 0; r < rows; ++r) fill_row_pattern<Kind, U>(d, pattern, rng, host_x.data() + r * n, n);
+
+  std::vector<U> want_v;
+  std::vector<int32_t> want_i;
+  oracle_topk<Kind, U>(host_x.data(), rows, n, k, &want_v, &want_i);
+
+  const int64_t offset = misaligned ? 1 : 0;
+  U* d_x_base = nullptr;
+  U* d_v = nullptr;
+  int32_t* d_i = nullptr;
+  void* d_scratch = nullptr;
+  const size_t out_count = size_t(rows * k) + kGuardWords;
+  CHECK_CUDA(cudaMalloc(&d_x_base, size_t(elems + offset + 1) * sizeof(U)));
+  CHECK_CUDA(cudaMalloc(&d_v, out_count * sizeof(U)));
+  CHECK_CUDA(cudaMalloc(&d_i, out_count * sizeof(int32_t)));
+  U* d_x = d_x_base + offset;
+  if (elems > 0) CHECK_CUDA(cudaMemcpy(d_x, host_x.data(), size_t(elems) * sizeof(U), cudaMemcpyHostToDevice));
+  const size_t scratch_bytes = jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
+  if (scratch_bytes > 0) CHECK_CUDA(cudaMalloc(&d_scratch, scratch_bytes));
+
+  bool ok = true;
+  std::vector<U> got_v[2];
+  std::vector<int32_t> got_i[2];
+  const unsigned char poison[2] = {0xA5, 0x5A};
+  const unsigned char scratch_garbage[2] = {0xFF, 0x00};
+  for (int run = 0; run < 2 && ok; ++run) {
+    CHECK_CUDA(cudaMemset(d_v, poison[run], out_count * sizeof(U)));
+    CHECK_CUDA(cudaMemset(d_i, poison[run], out_count * sizeof(int32_t)));
+    if (scratch_bytes > 0) CHECK_CUDA(cudaMemset(d_scratch, scratch_garbage[run], scratch_bytes));
+    cudaError_t err = jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_scratch,
+                                                scratch_bytes, /*stream=*/0);
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+      std::printf("FAIL %s: topk_rows returned %s\n", label, cudaGetErrorString(err));
+      ok = false;
+      if (err != cudaErrorInvalidValue) {
+        std::printf("sticky CUDA error, stopping\n");
+        std::exit(3);
+      }
+      break;
+    }
+    got_v[run].resize(out_count);
+    got_i[run].resize(out_count);
+    CHECK_CUDA(cudaMemcpy(got_v[run].data(), d_v, out_count * sizeof(U), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(got_i[run].data(), d_i, out_count * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    for (size_t j = 0; j < size_t(rows * k); ++j) {
+      if (got_v[run][j] != want_v[j] || got_i[run][j] != want_i[j]) {
+        std::printf(
+            "FAIL %s run=%d: first mismatch at row %lld pos %lld: want (bits 0x%llx, index %d) "
+            "got (bits 0x%llx, index %d)\n",
+            label, run, (long long)(j / size_t(k)), (long long)(j % size_t(k)),
+            (unsigned long long)want_v[j], want_i[j], (unsigned long long)got_v[run][j],
+            got_i[run][j]);
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) break;
+    // Guard words after the outputs must keep the poison.
+    for (size_t j = size_t(rows * k); j < out_count && ok; ++j) {
+      U pv;
+      std::memset(&pv, poison[run], sizeof(U));
+      int32_t pi;
+      std::memset(&pi, poison[run], sizeof(int32_t));
+      if (got_v[run][j] != pv || got_i[run][j] != pi) {
+        std::printf("FAIL %s run=%d: write past the outputs at element %lld\n", label, run,
+                    (long long)j);
+        ok = false;
+      }
+    }
+    if (ok && run == 1) {
+      const size_t count = size_t(rows * k);
+      if (std::memcmp(got_v[0].data(), got_v[1].data(), count * sizeof(U)) != 0 ||
+          std::memcmp(got_i[0].data(), got_i[1].data(), count * sizeof(int32_t)) != 0) {
+        std::printf("FAIL %s: the two runs differ (nondeterminism)\n", label);
+        ok = false;
+      }
+    }
+  }
+  CHECK_CUDA(cudaFree(d_x_base));
+  CHECK_CUDA(cudaFree(d_v));
+  CHECK_CUDA(cudaFree(d_i));
+  if (d_scratch) CHECK_CUDA(cudaFree(d_scratch));
+  return ok;
+}
+
+bool g_dry_run = false;  // count cases and elements only (no GPU needed)
+int64_t g_dry_cases = 0, g_dry_elements = 0;
+
+void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false) {
+  static uint64_t seed = 12345;
+  ++seed;
+  if (g_dry_run) {
+    ++g_dry_cases;
+    g_dry_elements += rows * n;
+    return;
+  }
+  bool ok = false;
+  visit_dtype(d, [&](auto traits) {
+    ok = run_case<decltype(traits)>(d, rows, n, k, p, misaligned, seed);
+  });
+  if (ok) {
+    ++g_passed;
+  } else {
+    ++g_failed;
+  }
+}
+
+// The key codec (per-width kernels) must reproduce keys.h for every dtype.
+void check_codecs() {
+  if (g_dry_run) return;
+  for (int di = 0; di < 12; ++di) {
+    const DType d = DType(di);
+    visit_dtype(d, [&](auto traits) {
+      using Tr = decltype(traits);
+      using U = typename Tr::Bits;
+      const auto codec = jax_topk::cuda::make_key_codec<Tr::kKeyKind, U>();
+      std::mt19937_64 rng(7);
+      bool ok = true;
+      std::vector<U> probes = special_values<U>(d);
+      for (int i = 0; i < 20000; ++i) probes.push_back(U(rng()));
+      for (U b : probes) {
+        const U key = ordered_key<Tr::kKeyKind>(b);
+        if (codec.key(b) != key || codec.bits(key) != b) {
+          std::printf("FAIL codec dtype=%s bits=0x%llx\n", Tr::kName, (unsigned long long)b);
+          ok = false;
+          break;
+        }
+      }
+      if (ok) {
+        ++g_passed;
+      } else {
+        ++g_failed;
+      }
+    });
+  }
+}
+
+const std::vector<DType> kMainDtypes = {DType::float32, DType::bfloat16, DType::float16,
+                                        DType::float64, DType::int32, DType::uint8};
+const std::vector<DType> kAllDtypes = {
+    DType::float32, DType::bfloat16, DType::float16, DType::float64, DType::int32, DType::int64,
+    DType::int16,   DType::int8,     DType::uint32,  DType::uint64,  DType::uint16, DType::uint8};
+
+void run_suite(bool quick, bool big) {
+  check_codecs();
+  const int sm = g_sm_count;
+
+  // Degenerate shapes, every dtype.
+  for (DType d : kAllDtypes) {
+    run_one(d, 0, 5, 3, Pattern::kRandomBits);
+    run_one(d, 3, 7, 0, Pattern::kRandomBits);
+    run_one(d, 1, 1, 1, Pattern::kRandomBits);
+    run_one(d, 17, 1, 1, Pattern::kSpecials);
+    run_one(d, 5, 2, 2, Pattern::kFewValues);
+    run_one(d, 5, 3, 1, Pattern::kSpecials);
+    for (Pattern p : kAllPatterns) {
+      run_one(d, 9, 100, 7, p);      // warp sort (tiny rows)
+      run_one(d, 3, 1000, 40, p);    // radix, row per block, whole row cached
+      run_one(d, 2, 5000, 5000, p);  // radix, k == n, device-wide sort
+    }
+  }
+
+  // Warp-sort regime boundaries (n around group-size steps, k around list sizes).
+  const std::vector<int64_t> warp_ns = quick ? std::vector<int64_t>{33, 256, 257, 1025, 2049}
+                                             : std::vector<int64_t>{2,   3,   31,  32,   33,  64,
+                                                                    65,  127, 128, 129,  255, 256,
+                                                                    257, 384, 1000, 1024, 1025,
+                                                                    2047, 2048, 2049};
+  const std::vector<int64_t> warp_ks = {1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33};
+  for (DType d : kMainDtypes) {
+    for (int64_t n : warp_ns) {
+      for (int64_t k : warp_ks) {
+        if (k > n) continue;
+        const Pattern p = (k + n) % 3 == 0 ? Pattern::kFewValues
+                          : (k + n) % 3 == 1 ? Pattern::kRandomBits : Pattern::kSpecials;
+        run_one(d, 37, n, k, p);
+        if (!quick && k == 8) {
+          run_one(d, 37, n, k, Pattern::kAscending);
+          run_one(d, 5, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+        }
+      }
+      if (!quick) run_one(d, 1, n, std::min<int64_t>(n, 32), Pattern::kGaussian);
+    }
+  }
+
+  // Long rows on the warp kernel need many rows; the same n with few rows is radix.
+  const int64_t warp_rows = kWarpSortMinRowsPerSm * sm + 1;
+  for (DType d : {DType::float32, DType::bfloat16, DType::uint8}) {
+    for (int64_t n : {int64_t(4097), int64_t(16384)}) {
+      for (int64_t k : {int64_t(16), int64_t(32)}) {
+        run_one(d, warp_rows, n, k, k == 16 ? Pattern::kGaussian : Pattern::kFewValues);
+        run_one(d, 3, n, k, Pattern::kAscending);
+      }
+    }
+    if (!quick) {
+      run_one(d, warp_rows, 16383, 7, Pattern::kAscending, /*misaligned=*/true);
+      run_one(d, warp_rows, 16385, 16, Pattern::kRandomBits);  // just past: radix
+      run_one(d, warp_rows, 8192, 32, Pattern::kSpecials);
+    }
+  }
+
+  // Radix, one block per row: candidate-buffer and block-sort boundaries.
+  const std::vector<int64_t> radix_ns = quick ? std::vector<int64_t>{2049, 8192}
+                                              : std::vector<int64_t>{100, 2047, 2048, 2049, 4097, 8191, 12289};
+  for (DType d : kMainDtypes) {
+    for (int64_t n : radix_ns) {
+      for (int64_t k : {int64_t(33), int64_t(64), int64_t(255), int64_t(256), int64_t(1000),
+                        int64_t(4095), int64_t(4096), int64_t(4097), n - 1, n}) {
+        if (k > n || k < 1) continue;
+        for (Pattern p : {Pattern::kGaussian, Pattern::kFewValues, Pattern::kSpecials}) {
+          run_one(d, 5, n, k, p);
+        }
+        if (!quick) {
+          run_one(d, 1, n, k, Pattern::kAllEqual);
+          run_one(d, 3, n, k, Pattern::kAscending, /*misaligned=*/true);
+          run_one(d, 2, n, k, Pattern::kRandomBits);
+        }
+      }
+    }
+    // More rows than resident blocks: the grid-stride loop over rows.
+    run_one(d, 16 * sm + 5, 1000, 100, Pattern::kGaussian);
+    run_one(d, 16 * sm + 5, 3000, 40, Pattern::kFewValues);
+  }
+
+  // Radix, rows split over blocks (few rows, long rows).
+  const std::vector<int64_t> split_ns = quick ? std::vector<int64_t>{16384, 131075}
+                                              : std::vector<int64_t>{16384, 16385, 65539, 300007};
+  for (DType d : kMainDtypes) {
+    for (int64_t n : split_ns) {
+      for (int64_t k : {int64_t(1), int64_t(16), int64_t(33), int64_t(2048), int64_t(4096),
+                        int64_t(4097), n / 2 + 1, n}) {
+        run_one(d, 1, n, k, Pattern::kGaussian);
+        run_one(d, 3, n, k, Pattern::kFewValues);
+        if (!quick) {
+          run_one(d, 2, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+          run_one(d, 2, n, k, Pattern::kSpecials);
+          run_one(d, 2, n, k, Pattern::kAscending);
+          run_one(d, 2, n, k, Pattern::kDescending);
+        }
+      }
+    }
+    // Just under one row per SM: the widest split-row grid.
+    run_one(d, sm - 1, 16385, 100, Pattern::kGaussian);
+    if (!quick) run_one(d, sm - 1, 16385, 5000, Pattern::kFewValues);
+  }
+
+  // A single row of 2^20 (and one just past it).
+  for (DType d : kMainDtypes) {
+    for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 7}) {
+      for (int64_t k : {int64_t(16), int64_t(2048), n}) {
+        run_one(d, 1, n, k, Pattern::kGaussian);
+        if (!quick) {
+          run_one(d, 1, n, k, Pattern::kFewValues);
+          run_one(d, 1, n, k, Pattern::kSpecials, /*misaligned=*/true);
+        }
+      }
+    }
+  }
+
+  if (big) {
+    // rows * n > 2^31: 64-bit offsets everywhere.
+    const int64_t n = 4096;
+    const int64_t rows = (int64_t(1) << 31) / n + 3;
+    run_one(DType::uint8, rows, n, 8, Pattern::kRandomBits);   // warp sort
+    run_one(DType::uint8, rows, n, 40, Pattern::kRandomBits);  // radix
+  }
+}
+
+// ---------------------------------------------------------------------------
+struct BenchShape {
+  int64_t rows, n, k;
+  double torch_h200_us;  // anchor from DESIGN.md / the brief (0: unknown)
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double measure_copy_bandwidth() {
+  const size_t bytes = size_t(512) << 20;
+  void *a = nullptr, *b = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  std::vector<double> times;
+  for (int i = 0; i < 12; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) times.push_back(ms * 1e-3);
+  }
+  CHECK_CUDA(cudaFree(a));
+  CHECK_CUDA(cudaFree(b));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return 2.0 * double(bytes) / median(times);  // bytes read + written per second
+}
+
+void run_bench() {
+  const double bw = measure_copy_bandwidth();
+  std::printf("copy bandwidth (read+write) %.2f TB/s, L2 %.1f MB, %d SMs\n", bw * 1e-12,
+              double(g_l2_bytes) / 1e6, g_sm_count);
+  const std::vector<BenchShape> shapes = {
+      {16384, 64, 2, 0},      {16384, 128, 8, 0},    {16384, 256, 8, 205}, {16384, 384, 6, 320},
+      {4096, 64, 16, 0},      {4096, 256, 16, 0},    {4096, 1024, 16, 0},  {4096, 2048, 16, 182},
+      {4096, 256, 32, 0},     {4096, 2048, 32, 0},   {8192, 1024, 16, 251}, {1024, 8192, 64, 0},
+      {1024, 8192, 256, 164}, {128, 131072, 50, 0},  {128, 131072, 1024, 272},
+      {64, 65536, 2048, 0},   {2048, 65536, 2048, 1712}, {1, 131072, 2048, 0},
+      {1, 1048576, 16, 0},    {1, 1048576, 2048, 0}};
+  std::printf("%-22s %-20s %10s %10s %8s %12s\n", "shape (f32)", "regime", "us", "floor_us",
+              "floor/t", "torch_h200");
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (const BenchShape& s : shapes) {
+    const size_t elems = size_t(s.rows * s.n);
+    const size_t bytes = elems * sizeof(float);
+    // Rotate over enough inputs that together they exceed twice the L2.
+    int nbuf = int(std::max<size_t>(2, (2 * g_l2_bytes + bytes - 1) / bytes));
+    nbuf = std::min(nbuf, 64);
+    std::vector<float> host(elems);
+    for (float& f : host) f = normal(rng);
+    std::vector<float*> inputs(static_cast<size_t>(nbuf));
+    for (float*& p : inputs) {
+      CHECK_CUDA(cudaMalloc(&p, bytes));
+      CHECK_CUDA(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    float* values = nullptr;
+    int32_t* indices = nullptr;
+    CHECK_CUDA(cudaMalloc(&values, size_t(s.rows * s.k) * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&indices, size_t(s.rows * s.k) * sizeof(int32_t)));
+    const size_t scratch_bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, s.rows, s.n, s.k);
+    void* scratch = nullptr;
+    if (scratch_bytes) CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+    auto launch = [&](int i) {
+      CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices,
+                                           s.rows, s.n, s.k, scratch, scratch_bytes, 0));
+    };
+    for (int i = 0; i < 5; ++i) launch(i);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    std::vector<double> times;
+    for (int i = 0; i < 30; ++i) {
+      CHECK_CUDA(cudaEventRecord(e0));
+      launch(i);
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      times.push_back(double(ms) * 1e3);
+    }
+    const double t = median(times);
+    const double floor_us = (double(bytes) + double(s.rows * s.k) * 8.0) / bw * 1e6;
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "%lldx%lld k%lld", (long long)s.rows, (long long)s.n,
+                  (long long)s.k);
+    char torch[32] = "-";
+    if (s.torch_h200_us > 0) std::snprintf(torch, sizeof torch, "%.0f", s.torch_h200_us);
+    std::printf("%-22s %-20s %10.1f %10.1f %8.2f %12s\n", shape,
+                topk_regime_name(choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count)), t, floor_us,
+                floor_us / t, torch);
+    for (float* p : inputs) CHECK_CUDA(cudaFree(p));
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaFree(indices));
+    if (scratch) CHECK_CUDA(cudaFree(scratch));
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool bench = false, quick = false, big = false, dry = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--bench") bench = true;
+    else if (a == "--quick") quick = true;
+    else if (a == "--big") big = true;
+    else if (a == "--dry-run") dry = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (dry) {  // what the suite would run, on a 132-SM device
+    g_dry_run = true;
+    g_sm_count = 132;
+    run_suite(quick, big);
+    std::printf("%lld cases, %.1f M elements\n", (long long)g_dry_cases, double(g_dry_elements) / 1e6);
+    return 0;
+  }
+  int device = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  g_sm_count = prop.multiProcessorCount;
+  g_l2_bytes = size_t(prop.l2CacheSize);
+  std::printf("device: %s, %d SMs\n", prop.name, g_sm_count);
+  if (bench) {
+    run_bench();
+    return 0;
+  }
+  run_suite(quick, big);
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

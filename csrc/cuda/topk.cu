@@ -1,0 +1,339 @@
+// Host side of the CUDA top-k: picks the regime (topk_dispatch.h), lays out
+// scratch, launches. Kernels are instantiated per key WIDTH (8/16/32/64 bits),
+// not per dtype: the dtype only selects a KeyCodec (primitives.cuh).
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/primitives.cuh"
+#include "cuda/topk_cuda.h"
+#include "cuda/topk_radix.cuh"
+#include "cuda/topk_warp.cuh"
+#include "jax_topk/topk_dispatch.h"
+
+namespace jax_topk::cuda {
+namespace {
+
+struct DeviceInfo {
+  int sm_count = 1;
+  int64_t l2_bytes = 0;
+};
+
+cudaError_t query_device(DeviceInfo* info) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int sms = 0, l2 = 0;
+  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device)) != cudaSuccess) return err;
+  info->sm_count = sms > 0 ? sms : 1;
+  info->l2_bytes = l2;
+  return cudaSuccess;
+}
+
+constexpr size_t kScratchAlign = 256;
+constexpr size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Bump allocator over the caller's scratch (offsets only; base added later).
+struct ScratchCursor {
+  size_t used = 0;
+  size_t take(size_t bytes) {
+    const size_t at = used;
+    used += round_up(bytes, kScratchAlign);
+    return at;
+  }
+};
+
+// Everything topk_rows decides about a problem; topk_scratch_bytes runs the
+// same planning, so the two always agree.
+struct Plan {
+  TopkRegime regime = TopkRegime::kEmpty;
+  // Radix regimes.
+  bool sort_in_block = true;          // k <= kRadixBlockSortMaxK
+  int64_t blocks_per_row = 1;         // kRadixSplitRow
+  int64_t candidate_capacity = 0;     // per candidate buffer
+  // Scratch offsets (bytes from the scratch base).
+  size_t state = 0, hist = 0, arrivals = 0, survivor_count = 0, candidate_count = 0;
+  size_t survivors = 0, candidates = 0, sorted = 0, offsets = 0, cub_temp = 0;
+  size_t cub_temp_bytes = 0;
+  size_t total_bytes = 0;
+};
+
+// Candidate buffers of the split-row kernel: about n/16 (one radix bucket of
+// a smooth distribution is far smaller), within fixed bounds. Rows that
+// overflow it are re-read instead (correct, slower).
+int64_t split_candidate_capacity(int64_t n) {
+  int64_t c = n / 16;
+  if (c < 4096) c = 4096;
+  if (c > 32768) c = 32768;
+  return c < n ? c : n;
+}
+
+template <typename U>
+cudaError_t cub_sort_temp_bytes(int64_t rows, int64_t k, size_t* bytes) {
+  using P = typename RadixPacked<U>::type;
+  const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
+  if (rows == 1) {
+    return cub::DeviceRadixSort::SortKeysDescending(nullptr, *bytes, static_cast<const P*>(nullptr),
+                                                    static_cast<P*>(nullptr), int(k), 0, end_bit);
+  }
+  return cub::DeviceSegmentedRadixSort::SortKeysDescending(
+      nullptr, *bytes, static_cast<const P*>(nullptr), static_cast<P*>(nullptr), int(rows * k),
+      int(rows), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr) + 1, 0, end_bit);
+}
+
+template <typename U>
+cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev, Plan* plan) {
+  using P = typename RadixPacked<U>::type;
+  Plan p;
+  p.regime = choose_topk_regime(rows, n, k, int(sizeof(U)), dev.sm_count);
+  if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
+      p.regime == TopkRegime::kSmallK) {
+    *plan = p;
+    return cudaSuccess;
+  }
+  p.sort_in_block = k <= kRadixBlockSortMaxK;
+  ScratchCursor cur;
+  if (p.regime == TopkRegime::kRadixRowPerBlock) {
+    p.candidate_capacity = n < kRadixBlockCandidates ? n : kRadixBlockCandidates;
+    if (!p.sort_in_block) p.survivors = cur.take(size_t(rows * k) * sizeof(P));
+  } else {
+    p.blocks_per_row = radix_blocks_per_row(rows, n, dev.sm_count);
+    p.candidate_capacity = split_candidate_capacity(n);
+    p.state = cur.take(size_t(rows) * sizeof(RadixState<P>));
+    p.hist = cur.take(size_t(rows) * kRadixBins * sizeof(uint32_t));
+    p.arrivals = cur.take(size_t(rows) * sizeof(uint32_t));
+    p.survivor_count = cur.take(size_t(rows) * sizeof(uint32_t));
+    p.candidate_count = cur.take(size_t(rows) * 2 * sizeof(uint32_t));
+    p.survivors = cur.take(size_t(rows * k) * sizeof(P));
+    p.candidates = cur.take(size_t(rows) * 2 * size_t(p.candidate_capacity) * sizeof(P));
+  }
+  if (!p.sort_in_block) {
+    if (rows * k > INT_MAX) return cudaErrorInvalidValue;  // CUB's item count is an int
+    p.sorted = cur.take(size_t(rows * k) * sizeof(P));
+    p.offsets = cur.take(size_t(rows + 1) * sizeof(int));
+    const cudaError_t err = cub_sort_temp_bytes<U>(rows, k, &p.cub_temp_bytes);
+    if (err != cudaSuccess) return err;
+    p.cub_temp = cur.take(p.cub_temp_bytes);
+  }
+  p.total_bytes = cur.used;
+  *plan = p;
+  return cudaSuccess;
+}
+
+template <typename T>
+T* at(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+// ---------------------------------------------------------------------------
+template <typename U>
+cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+                             int64_t k, KeyCodec<U> codec, cudaStream_t stream) {
+  const int lanes = warp_sort_lanes_per_row(n);
+  int log2_lanes = 0;
+  while ((1 << log2_lanes) < lanes) ++log2_lanes;
+  const bool vectorised =
+      (reinterpret_cast<uintptr_t>(x) % 16 == 0) && ((n * int64_t(sizeof(U))) % 16 == 0);
+  const int64_t blocks = (rows * lanes + kWarpSortThreads - 1) / kWarpSortThreads;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  const dim3 grid{unsigned(blocks)};
+  const int list = int(next_pow2(k));
+#define JAX_TOPK_WARP_SORT_CASE(K)                                                              \
+  case K:                                                                                       \
+    warp_sort_topk_kernel<U, K><<<grid, kWarpSortThreads, 0, stream>>>(                         \
+        x, values, indices, rows, int(n), int(k), log2_lanes, vectorised, codec);              \
+    break;
+  switch (list) {
+    JAX_TOPK_WARP_SORT_CASE(1)
+    JAX_TOPK_WARP_SORT_CASE(2)
+    JAX_TOPK_WARP_SORT_CASE(4)
+    JAX_TOPK_WARP_SORT_CASE(8)
+    JAX_TOPK_WARP_SORT_CASE(16)
+    JAX_TOPK_WARP_SORT_CASE(32)
+    default:
+      return cudaErrorInvalidValue;  // the dispatcher never sends k > kWarpSortMaxK here
+  }
+#undef JAX_TOPK_WARP_SORT_CASE
+  return cudaGetLastError();
+}
+
+// Sorts the unsorted survivors [rows][k] with CUB and writes the outputs.
+template <typename U>
+cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
+                                       KeyCodec<U> codec, U* values, int32_t* indices,
+                                       cudaStream_t stream) {
+  using P = typename RadixPacked<U>::type;
+  const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
+  P* survivors = at<P>(scratch, plan.survivors);
+  P* sorted = at<P>(scratch, plan.sorted);
+  int* offsets = at<int>(scratch, plan.offsets);
+  void* temp = at<void>(scratch, plan.cub_temp);
+  size_t temp_bytes = plan.cub_temp_bytes;
+  cudaError_t err;
+  if (rows == 1) {
+    err = cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, survivors, sorted, int(k), 0,
+                                                   end_bit, stream);
+  } else {
+    segment_offsets_kernel<<<unsigned((rows + 256) / 256), 256, 0, stream>>>(offsets, rows, k);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    err = cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, temp_bytes, survivors, sorted,
+                                                            int(rows * k), int(rows), offsets,
+                                                            offsets + 1, 0, end_bit, stream);
+  }
+  if (err != cudaSuccess) return err;
+  const int64_t count = rows * k;
+  int64_t blocks = (count + 255) / 256;
+  if (blocks > 65536) blocks = 65536;
+  write_sorted_kernel<U><<<unsigned(blocks), 256, 0, stream>>>(sorted, count, codec, values, indices);
+  return cudaGetLastError();
+}
+
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+}
+
+template <typename U, bool kSortInBlock>
+cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, const U* x,
+                                       U* values, int32_t* indices, int64_t rows, int64_t n,
+                                       int64_t k, KeyCodec<U> codec, void* scratch,
+                                       cudaStream_t stream) {
+  using P = typename RadixPacked<U>::type;
+  auto kernel = radix_topk_row_per_block_kernel<U, kSortInBlock>;
+  const size_t smem = kRadixBins * sizeof(uint32_t) + 2 * size_t(plan.candidate_capacity) * sizeof(P) +
+                      (kSortInBlock ? size_t(next_pow2(k)) * sizeof(P) : 0);
+  cudaError_t err = allow_dynamic_smem(kernel, smem);
+  if (err != cudaSuccess) return err;
+  int per_sm = 0;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRadixThreads, smem);
+  if (err != cudaSuccess) return err;
+  if (per_sm < 1) per_sm = 1;
+  // A persistent grid; rows in flight are capped so that they stay in L2 for
+  // the re-reads of later scans.
+  int64_t grid = int64_t(per_sm) * dev.sm_count;
+  const int64_t row_bytes = n * int64_t(sizeof(U));
+  int64_t l2_rows = dev.l2_bytes / (2 * row_bytes);
+  if (l2_rows < dev.sm_count) l2_rows = dev.sm_count;
+  if (grid > l2_rows) grid = l2_rows;
+  if (grid > rows) grid = rows;
+  P* survivors_global = kSortInBlock ? nullptr : at<P>(scratch, plan.survivors);
+  kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n),
+                                                          int(plan.candidate_capacity), codec,
+                                                          values, indices, survivors_global);
+  return cudaGetLastError();
+}
+
+template <typename U>
+cudaError_t launch_radix_split_row(const Plan& plan, const U* x, U* values, int32_t* indices,
+                                   int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
+                                   void* scratch, cudaStream_t stream) {
+  using P = typename RadixPacked<U>::type;
+  RadixSplitScratch<P> s;
+  s.state = at<RadixState<P>>(scratch, plan.state);
+  s.hist = at<uint32_t>(scratch, plan.hist);
+  s.arrivals = at<uint32_t>(scratch, plan.arrivals);
+  s.survivor_count = at<uint32_t>(scratch, plan.survivor_count);
+  s.candidate_count = at<uint32_t>(scratch, plan.candidate_count);
+  s.survivors = at<P>(scratch, plan.survivors);
+  s.candidates = at<P>(scratch, plan.candidates);
+  s.candidate_capacity = plan.candidate_capacity;
+
+  radix_split_init_kernel<U><<<unsigned(rows), 256, 0, stream>>>(s, n, k);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int index_bits = radix_index_bits(n);
+  const int passes = radix_field_count(int(sizeof(U) * 8), index_bits);
+  const dim3 grid(unsigned(plan.blocks_per_row), unsigned(rows));
+  // Passes after a row is done return at once; the host cannot know when
+  // that happens without a sync.
+  for (int pass = 0; pass <= passes; ++pass) {
+    const bool gather = pass == passes;
+    radix_split_scan_kernel<U><<<grid, kRadixThreads, 0, stream>>>(x, n, k, index_bits, codec, s, gather);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  if (!plan.sort_in_block) return cudaSuccess;  // the caller sorts device-wide
+  const size_t smem = size_t(next_pow2(k)) * sizeof(P);
+  if ((err = allow_dynamic_smem(sort_survivors_kernel<U>, smem)) != cudaSuccess) return err;
+  sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec, values, indices);
+  return cudaGetLastError();
+}
+
+template <typename U>
+cudaError_t run_topk(KeyCodec<U> codec, const U* x, U* values, int32_t* indices, int64_t rows,
+                     int64_t n, int64_t k, void* scratch, size_t scratch_bytes,
+                     cudaStream_t stream) {
+  DeviceInfo dev;
+  cudaError_t err = query_device(&dev);
+  if (err != cudaSuccess) return err;
+  Plan plan;
+  if ((err = make_plan<U>(rows, n, k, dev, &plan)) != cudaSuccess) return err;
+  if (plan.total_bytes > scratch_bytes || (plan.total_bytes > 0 && scratch == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  switch (plan.regime) {
+    case TopkRegime::kEmpty:
+      return cudaSuccess;
+    case TopkRegime::kTinyRows:
+    case TopkRegime::kSmallK:
+      if constexpr (sizeof(U) <= 4) {
+        return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, stream);
+      } else {
+        return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
+      }
+    case TopkRegime::kRadixRowPerBlock:
+      if (plan.sort_in_block) {
+        return launch_radix_row_per_block<U, true>(plan, dev, x, values, indices, rows, n, k, codec,
+                                                   scratch, stream);
+      }
+      err = launch_radix_row_per_block<U, false>(plan, dev, x, values, indices, rows, n, k, codec,
+                                                 scratch, stream);
+      if (err != cudaSuccess) return err;
+      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
+    case TopkRegime::kRadixSplitRow:
+      err = launch_radix_split_row<U>(plan, x, values, indices, rows, n, k, codec, scratch, stream);
+      if (err != cudaSuccess || plan.sort_in_block) return err;
+      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+bool valid_problem(int64_t rows, int64_t n, int64_t k) {
+  return rows >= 0 && n >= 0 && k >= 0 && k <= n && n <= int64_t(INT32_MAX);
+}
+
+}  // namespace
+
+size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k) {
+  if (!valid_problem(rows, n, k)) return 0;
+  DeviceInfo dev;
+  if (query_device(&dev) != cudaSuccess) return 0;
+  size_t bytes = 0;
+  visit_dtype(dtype, [&](auto traits) {
+    using U = typename decltype(traits)::Bits;
+    Plan plan;
+    if (make_plan<U>(rows, n, k, dev, &plan) == cudaSuccess) bytes = plan.total_bytes;
+  });
+  return bytes;
+}
+
+cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+                      int64_t n, int64_t k, void* scratch, size_t scratch_bytes,
+                      cudaStream_t stream) {
+  if (!valid_problem(rows, n, k)) return cudaErrorInvalidValue;
+  if (rows == 0 || k == 0) return cudaSuccess;
+  cudaError_t err = cudaErrorInvalidValue;  // stays so for a dtype outside the table
+  visit_dtype(dtype, [&](auto traits) {
+    using Traits = decltype(traits);
+    using U = typename Traits::Bits;
+    err = run_topk<U>(make_key_codec<Traits::kKeyKind, U>(), static_cast<const U*>(x),
+                      static_cast<U*>(values), indices, rows, n, k, scratch, scratch_bytes, stream);
+  });
+  return err;
+}
+
+}  // namespace jax_topk::cuda
