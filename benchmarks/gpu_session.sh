@@ -4,12 +4,16 @@
 #   selftest   the standalone CUDA self-test (csrc/cuda/tests), no JAX
 #   tests      pytest on CPU, then the whole suite on the GPU (+ GPU == CPU)
 #   sanitize   compute-sanitizer memcheck and racecheck over the self-test
-#   bench      benchmarks/run.py over the issue grid (JSON + plot)
+#   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
+#   bench_sort benchmarks/run.py --op sort
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_topk_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# Never import the unbuilt source tree from the working directory (python -m,
+# python -c): always the installed package.
+export PYTHONSAFEPATH=1
 SELFTEST=/tmp/topk_selftest
 status=0
 
@@ -39,8 +43,8 @@ for s in "$@"; do
         csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST" &&
         step selftest 300 "$SELFTEST" ;;
     tests)
-      step tests_cpu 400 pytest -q -x -p no:warnings -p no:cacheprovider tests
-      JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu 500 pytest -q -x -p no:warnings -p no:cacheprovider tests ;;
+      step tests_cpu 200 pytest -q -x -p no:warnings -p no:cacheprovider tests
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider tests ;;
     sanitize)
       [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
         -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
@@ -48,6 +52,8 @@ for s in "$@"; do
       step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick ;;
     bench)
       step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
+    bench_sort)
+      step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

@@ -84,6 +84,31 @@ def torch_contenders(op: str, repeats: int):
     return {"torch.topk": factory(lambda s: (lambda x: torch.topk(x, s.k, dim=-1, sorted=True)))} | torch_sort
 
 
+def torch_copy_bandwidth(repeats: int = 20) -> float | None:
+    """Bytes/s (read + write) of a 1 GiB device-to-device copy timed with CUDA
+    events, as the design's anchors measured it; None without CUDA torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    src = torch.rand(1 << 28, device="cuda")  # 1 GiB of float32, not zeros
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / statistics.median(times)
+
+
 def jax_contenders(op: str):
     argsort = {"jnp.argsort": lambda s: (lambda x: jnp.argsort(x, axis=-1, stable=True, descending=True))}
     if op == "sort":
@@ -137,8 +162,11 @@ def main(argv=None) -> int:
         contenders.update(torch_contenders(args.op, args.repeats))
     ours = f"jax_topk.{args.op}"
     anchors = ("jnp.argsort", "torch.sort") if args.op == "sort" else ("lax.top_k", "torch.topk")
-    result = _bench.run_benchmark(shapes, contenders, baseline=anchors[0], ours=ours, repeats=args.repeats)
+    bandwidth = None if args.no_torch else torch_copy_bandwidth()
+    result = _bench.run_benchmark(shapes, contenders, baseline=anchors[0], ours=ours, repeats=args.repeats,
+                                  bandwidth=bandwidth)
     result["op"] = args.op
+    result["bandwidth_probe"] = "torch 1 GiB device copy (CUDA events)" if bandwidth else "jax elementwise a + 1"
     result["jax_topk"] = jax_topk.info()
     for anchor in anchors:
         ratios = [r["times_us"][anchor] / r["times_us"][ours] for r in result["rows"] if anchor in r["times_us"]]

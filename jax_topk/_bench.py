@@ -137,14 +137,16 @@ def run_benchmark(
     ours: str,
     repeats: int,
     progress: bool = True,
+    bandwidth: float | None = None,
 ) -> dict:
     """Times every contender on every shape. ``contenders`` maps a name to a
-    factory ``shape -> op`` (or None when it cannot run that shape). Returns
-    the device, bandwidth and rows of {shape, floor_us, times_us, ...}."""
+    factory ``shape -> op`` (or None when it cannot run that shape). The floor
+    uses ``bandwidth`` (bytes/s, read + write) if given, else a JAX elementwise
+    probe. Returns the device, bandwidth and rows of {shape, floor_us, times_us, ...}."""
     backend = jax.default_backend()
     bar = Progress(len(shapes) * len(contenders) + 1) if progress else Progress(0)
     bar.step("copy bandwidth")
-    bandwidth = copy_bandwidth()
+    bandwidth = bandwidth or copy_bandwidth()
     rows = []
     for shape in shapes:
         inputs = make_inputs(shape, replicas_for(shape, backend))

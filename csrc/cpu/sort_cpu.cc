@@ -78,7 +78,6 @@ class GrowOnlyBuffer {
 template <typename Packed>
 struct RowScratch {
   GrowOnlyBuffer<uint32_t> counts;  // [chunks][digits][buckets]: counts, then heads
-  GrowOnlyBuffer<uint32_t> tails;   // [chunks][buckets] of the digit being scattered
   GrowOnlyBuffer<Packed> items;     // up to two ping-pong copies of the row
 };
 
@@ -130,69 +129,64 @@ struct RadixSort {
     for (int64_t i = begin; i < end; ++i) ++counts[digit(items[i], d)];
   }
 
-  // Turns counts[chunk][d][bucket] into heads: where each chunk's first item
-  // of a bucket goes, after every item of smaller buckets and after the
-  // bucket's items in earlier chunks, which keeps a chunked pass stable. All
-  // digits at once: their running sums are independent chains the CPU
-  // overlaps, which matters when the row is as short as the histogram.
-  static void heads_all_digits(uint32_t* counts, int64_t chunks) {
-    uint32_t next[kDigits] = {};
+  // Turns counts[chunk][d][bucket] of digits [first_digit, first_digit +
+  // kNumDigits) into heads, in place: where each chunk's first item of a
+  // bucket goes, after every item of smaller buckets and after the bucket's
+  // items in earlier chunks, which keeps a chunked pass stable. Several digits
+  // at once make independent running sums that the CPU overlaps, which
+  // matters when the row is as short as the histogram.
+  template <int kNumDigits>
+  static void heads_from_counts(uint32_t* counts, int64_t chunks, int first_digit) {
+    uint32_t next[kNumDigits] = {};
     for (int64_t b = 0; b < kBuckets; ++b) {
       for (int64_t c = 0; c < chunks; ++c) {
-        for (int d = 0; d < kDigits; ++d) {
-          uint32_t& slot = counts[c * kCountsPerChunk + d * kBuckets + b];
+        for (int k = 0; k < kNumDigits; ++k) {
+          uint32_t& slot = counts[c * kCountsPerChunk + (first_digit + k) * kBuckets + b];
           const uint32_t count = slot;
-          slot = next[d];
-          next[d] += count;
+          slot = next[k];
+          next[k] += count;
         }
       }
     }
   }
 
-  static void heads_one_digit(uint32_t* counts, int64_t chunks, int d) {
-    uint32_t next = 0;
-    for (int64_t b = 0; b < kBuckets; ++b) {
-      for (int64_t c = 0; c < chunks; ++c) {
-        uint32_t& slot = counts[c * kCountsPerChunk + d * kBuckets + b];
-        const uint32_t count = slot;
-        slot = next;
-        next += count;
-      }
-    }
+  // Where a chunk's items of one bucket go during a pass: `head` is the next
+  // slot from the front, `tail` one past the next slot from the back. Kept
+  // side by side, so a bucket's two cursors never sit a multiple of 4 KiB
+  // apart (the CPU would take the store to one for a store to the other).
+  struct Cursor {
+    uint32_t head, tail;
+  };
+
+  // The cursors of chunk c for digit d. A tail is the head of the same bucket
+  // in the next chunk, or of the next bucket in the first chunk, or the end.
+  static void cursors_of_chunk(const uint32_t* heads, int64_t chunks, int64_t c, int d, int64_t len,
+                               Cursor* cursors) {
+    const uint32_t* own = heads + c * kCountsPerChunk + d * kBuckets;
+    const bool last_chunk = c + 1 == chunks;
+    const uint32_t* next = heads + (last_chunk ? 0 : c + 1) * kCountsPerChunk + d * kBuckets + last_chunk;
+    for (int64_t b = 0; b + last_chunk < kBuckets; ++b) cursors[b] = {own[b], next[b]};
+    if (last_chunk) cursors[kBuckets - 1] = {own[kBuckets - 1], uint32_t(len)};
   }
 
-  // tails[chunk][bucket] of digit d, one past where each chunk's last item of
-  // a bucket goes: the head of the same bucket in the next chunk, or of the
-  // next bucket in the first chunk, or the end of the row. Computed before a
-  // pass starts moving the heads.
-  static void tails_of_digit(const uint32_t* counts, int64_t chunks, int d, int64_t len, uint32_t* tails) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      const bool last_chunk = c + 1 == chunks;
-      const uint32_t* next = counts + (last_chunk ? 0 : c + 1) * kCountsPerChunk + d * kBuckets + last_chunk;
-      std::copy(next, next + kBuckets - last_chunk, tails + c * kBuckets);
-    }
-    tails[chunks * kBuckets - 1] = uint32_t(len);
-  }
-
-  // Moves items [begin, end) to their places by digit d. heads[bucket] is
-  // where the chunk's first item of that bucket goes, tails[bucket] one past
-  // where its last one goes. The front half walks forward filling buckets from
-  // their heads, the back half walks backward filling them from their tails:
-  // the result is the same stable order, but the two halves bump different
-  // counters, so a run of equal digits (the sign/exponent byte of floats) is
-  // two dependency chains through memory instead of one.
+  // Moves items [begin, end) to their places by digit d. The front half walks
+  // forward filling buckets from their heads, the back half walks backward
+  // filling them from their tails: the same stable order as one forward walk,
+  // but the halves bump different cursors, so a run of equal digits (the
+  // sign/exponent byte of floats) is two dependency chains through memory
+  // instead of one.
   template <typename Load, typename Store>
   static void scatter(const Load& load, const Store& store, int64_t begin, int64_t end, int d,
-                      uint32_t* heads, uint32_t* tails) {
+                      Cursor* cursors) {
     int64_t front = begin, back = end - 1;
     for (; front < back; ++front, --back) {
       const Packed a = load(front), b = load(back);
-      store(heads[digit(a, d)]++, a);
-      store(--tails[digit(b, d)], b);
+      store(cursors[digit(a, d)].head++, a);
+      store(--cursors[digit(b, d)].tail, b);
     }
     if (front == back) {
       const Packed a = load(front);
-      store(heads[digit(a, d)]++, a);
+      store(cursors[digit(a, d)].head++, a);
     }
   }
 
@@ -202,7 +196,6 @@ struct RadixSort {
   static void sort(const Order& order, const Bits* x, int64_t len, Bits* values, int32_t* indices,
                    int64_t chunks, const RunTasks& run_tasks, RowScratch<Packed>& scratch) {
     uint32_t* counts = scratch.counts.get(chunks * kCountsPerChunk);
-    uint32_t* tails = scratch.tails.get(chunks * kBuckets);
     auto chunk_begin = [&](int64_t c) { return len * c / chunks; };
     auto load_x = [&](int64_t i) { return order.pack(x[i], i); };
     auto store_out = [&](int64_t j, Packed p) {
@@ -235,7 +228,7 @@ struct RadixSort {
       return;
     }
 
-    heads_all_digits(counts, chunks);
+    heads_from_counts<kDigits>(counts, chunks, 0);
 
     // x -> items[0] -> items[1] -> items[0] ... -> outputs.
     Packed* items = scratch.items.get(std::min(num_active - 1, 2) * len);
@@ -250,19 +243,17 @@ struct RadixSort {
         run_tasks(chunks, [&](int64_t c) {
           count_digit(src, chunk_begin(c), chunk_begin(c + 1), d, counts + c * kCountsPerChunk + d * kBuckets);
         });
-        heads_one_digit(counts, chunks, d);
+        heads_from_counts<1>(counts, chunks, d);
       }
-      tails_of_digit(counts, chunks, d, len, tails);
       run_tasks(chunks, [&](int64_t c) {
-        uint32_t heads[kBuckets], local_tails[kBuckets];
-        std::copy(counts + c * kCountsPerChunk + d * kBuckets, counts + c * kCountsPerChunk + (d + 1) * kBuckets, heads);
-        std::copy(tails + c * kBuckets, tails + (c + 1) * kBuckets, local_tails);
+        Cursor cursors[kBuckets];
+        cursors_of_chunk(counts, chunks, c, d, len, cursors);
         const int64_t begin = chunk_begin(c), end = chunk_begin(c + 1);
         auto to = [&](const auto& load) {
           if (dst != nullptr) {
-            scatter(load, [dst](int64_t j, Packed p) { dst[j] = p; }, begin, end, d, heads, local_tails);
+            scatter(load, [dst](int64_t j, Packed p) { dst[j] = p; }, begin, end, d, cursors);
           } else {
-            scatter(load, store_out, begin, end, d, heads, local_tails);
+            scatter(load, store_out, begin, end, d, cursors);
           }
         };
         if (src != nullptr) {

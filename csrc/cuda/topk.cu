@@ -194,7 +194,12 @@ cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t 
 
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  // A block may use 48 KB of shared memory, static and dynamic together,
+  // unless the kernel opts in to more: count the kernel's static part too.
+  cudaFuncAttributes attributes;
+  cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+  if (err != cudaSuccess) return err;
+  if (bytes + attributes.sharedSizeBytes <= 48 * 1024) return cudaSuccess;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 }
 
