@@ -6,6 +6,8 @@
 #   sanitize   compute-sanitizer memcheck and racecheck over the self-test
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
+#   kbench     the self-test's --bench: kernel time alone (CUDA events)
+#   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_topk_out}
@@ -52,6 +54,13 @@ for s in "$@"; do
       step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick ;;
     bench)
       step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
+    kbench)
+      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
+        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      step kbench 200 "$SELFTEST" --bench ;;
+    overhead)
+      step overhead 200 python3 benchmarks/call_overhead.py
+      XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;

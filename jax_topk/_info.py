@@ -9,6 +9,8 @@ from jax_topk import _registry
 from jax_topk._version import __version__
 
 OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths")
+# jax.default_backend() names -> the registry's platform keys.
+_BACKEND_PLATFORM = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 
 
 def info() -> dict:
@@ -28,7 +30,7 @@ def info() -> dict:
     """
     platforms = _registry.describe()
     backend = jax.default_backend()
-    native = platforms.get(backend, {})
+    native = platforms.get(_BACKEND_PLATFORM.get(backend, backend), {})
     return {
         "jax_topk": __version__,
         "jax": jax.__version__,

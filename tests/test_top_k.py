@@ -36,7 +36,7 @@ def assert_matches_oracle(x: np.ndarray, k: int, axis: int = -1, *, with_lax: bo
     lax_departs = x.dtype.name == "bfloat16" and oracle.has_nan_payloads(x)
     if with_lax and x.dtype != np.bool_ and not lax_departs:
         # lax.top_k on CPU follows the same contract (DESIGN section 1), except
-        # that it quiets bfloat16 NaN payloads (tested by test_lax_bfloat16_nan_payloads).
+        # that jax 0.10 quiets bfloat16 NaN payloads first.
         with jax.default_device(CPU):
             xl = jnp.moveaxis(jnp.asarray(x), axis, -1)
             lv, li = jax.lax.top_k(xl, k)
@@ -45,16 +45,15 @@ def assert_matches_oracle(x: np.ndarray, k: int, axis: int = -1, *, with_lax: bo
         assert oracle.same_bits(values, lv), "values differ from lax.top_k bit-wise"
 
 
-def test_lax_bfloat16_nan_payloads():
-    # The one documented departure: we rank bfloat16 NaNs by payload (total
-    # order) and keep their bits; lax.top_k on CPU quiets them first.
+def test_bfloat16_nan_payloads_follow_the_total_order():
+    # We rank bfloat16 NaNs by payload (the total order) and keep their bits.
+    # lax.top_k on CPU quiets them first in jax 0.10 (and so may rank them as
+    # ties); that version-dependent behaviour is why assert_matches_oracle does
+    # not compare with lax for such inputs.
     x = np.array([0x7FC0, 0x7FC1, 0xFFC1, 0x3F80], np.uint16).view(np_dtype("bfloat16"))
     values, indices = run_top_k(x, 4)
     np.testing.assert_array_equal(indices, [1, 0, 3, 2])
     assert oracle.same_bits(values, x[[1, 0, 3, 2]])
-    with jax.default_device(CPU):
-        _, lax_indices = jax.lax.top_k(jnp.asarray(x), 4)
-    np.testing.assert_array_equal(lax_indices, [0, 1, 3, 2])
 
 
 def test_oracle_ranks_follow_the_total_order():
