@@ -54,6 +54,9 @@ for s in "$@"; do
       step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick ;;
     bench)
       step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
+    tests_gpu_quick)
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu_quick 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
+        tests/test_top_k.py tests/test_top_k_gpu.py tests/test_lengths.py ;;
     kbench)
       [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
         -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"

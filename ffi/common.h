@@ -32,6 +32,15 @@ inline std::optional<DType> to_dtype(ffi::DataType t) {
   }
 }
 
+// The dtype with this numpy name (the names `dtypes()` exports), if any.
+inline std::optional<DType> dtype_from_name(const std::string& name) {
+#define JAX_TOPK_NAME_CASE(dtype_name, ffi_name, bits, kind, lowest) \
+  if (name == #dtype_name) return DType::dtype_name;
+  JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_NAME_CASE)
+#undef JAX_TOPK_NAME_CASE
+  return std::nullopt;
+}
+
 inline std::string shape_string(ffi::AnyBuffer::Dimensions dims) {
   std::string s = "(";
   for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);

@@ -11,6 +11,10 @@
 #include "xla/ffi/api/c_api.h"
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
+#include <stdexcept>
+
+#include "cuda/topk_cuda.h"
+#include "ffi/common.h"
 #include "jax_topk/topk_dispatch.h"
 #endif
 
@@ -56,6 +60,21 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         return l;
       },
       "Element types (numpy names) the native kernels handle.");
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+  // GPU handlers take their temporaries as an extra result buffer sized at
+  // lowering time (not from the FFI ScratchAllocator): a handler that
+  // allocates at run time cannot be captured into XLA's command buffers.
+  m.def(
+      "workspace_bytes",
+      [](const std::string& op, const std::string& dtype, int64_t rows, int64_t n, int64_t k) {
+        const auto d = jax_topk::ffi_util::dtype_from_name(dtype);
+        if (!d) throw std::invalid_argument("no native kernel for dtype " + dtype);
+        if (op == "top_k") return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
+        throw std::invalid_argument("no workspace rule for op " + op);
+      },
+      "Bytes of device workspace the op's kernel needs on the current GPU.");
+#endif
 
   m.def(
       "build_info",

@@ -53,27 +53,27 @@ ffi::Error topk_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
-ffi::Error topk_cuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer x,
-                     ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
-                     int64_t k) {
+// Temporaries come in `workspace`, an extra result sized at lowering time by
+// the module's workspace_bytes(): no run-time allocation, so XLA may capture
+// the call into a CUDA graph (kCmdBufferCompatible).
+ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                     ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                     ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
   ffi_util::RowGeometry g;
   if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
   const auto dtype = ffi_util::to_dtype(x.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
-  const size_t bytes = cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k);
-  void* workspace = nullptr;
-  if (bytes > 0) {
-    auto allocation = scratch.Allocate(bytes, /*alignment=*/16);
-    if (!allocation) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        std::string(kOp) + ": could not allocate " + std::to_string(bytes) +
-                            " bytes of scratch");
-    }
-    workspace = *allocation;
+  const size_t needed = cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k);
+  const size_t given = workspace->element_count();
+  if (given < needed) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(kOp) + ": the workspace holds " + std::to_string(given) +
+                          " bytes but this GPU's kernel needs " + std::to_string(needed) +
+                          " (lowered for another device?)");
   }
-  const cudaError_t status = cuda::topk_rows(*dtype, x.untyped_data(), values->untyped_data(),
-                                             indices->typed_data(), g.rows, g.n, k, workspace,
-                                             bytes, stream);
+  const cudaError_t status =
+      cuda::topk_rows(*dtype, x.untyped_data(), values->untyped_data(), indices->typed_data(),
+                      g.rows, g.n, k, workspace->untyped_data(), given, stream);
   if (status != cudaSuccess) {
     return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
   }
@@ -106,9 +106,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCpu, jax_topk::topk_lengths_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCuda, jax_topk::topk_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::ScratchAllocator>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("k"),
+                              {ffi::Traits::kCmdBufferCompatible});
 #endif

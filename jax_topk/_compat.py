@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 from jax.interpreters import ad
 
+from jax._src.core import ShapedArray  # noqa: F401  (abstract values of extra results)
+
 try:  # where eager calls of a primitive are dispatched
     from jax._src.dispatch import apply_primitive
 except ImportError:  # pragma: no cover - future layouts

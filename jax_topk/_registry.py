@@ -30,6 +30,7 @@ class NativeModule:
     targets: dict[str, str]  # op family -> FFI target name
     dtypes: tuple[str, ...]
     build: dict
+    module: object  # the nanobind module itself
 
 
 _loaded: dict[str, NativeModule] = {}
@@ -65,6 +66,7 @@ def _load(platform: str, module_name: str) -> None:
         targets=targets,
         dtypes=tuple(module.dtypes()),
         build=build,
+        module=module,
     )
 
 
@@ -83,6 +85,15 @@ def kernel_target(op: str, platform: str, dtype) -> str | None:
     if module is None or op not in module.targets or np.dtype(dtype).name not in module.dtypes:
         return None
     return module.targets[op]
+
+
+def workspace_bytes(op: str, platform: str, dtype, rows: int, n: int, k: int) -> int | None:
+    """Bytes of workspace the platform's kernel for ``op`` takes as an extra
+    result buffer, or None when its handler takes none (CPU handlers)."""
+    module = _loaded[platform].module
+    if not hasattr(module, "workspace_bytes"):
+        return None
+    return int(module.workspace_bytes(op, np.dtype(dtype).name, rows, n, k))
 
 
 def describe() -> dict:

@@ -17,8 +17,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
@@ -32,6 +35,7 @@ def make_row_primitive(
     reference: Callable[..., tuple[jax.Array, jax.Array]],
     ops: tuple[str, str],
     ffi_attributes: Callable[..., dict],
+    workspace_k: Callable[..., int] | None = None,
 ) -> Primitive:
     """Builds and registers a row primitive.
 
@@ -42,6 +46,9 @@ def make_row_primitive(
         pure JAX: the fallback lowering, with exactly the kernels' results.
       ops: the registry op names of the kernels without and with lengths.
       ffi_attributes: ``(**params) -> dict`` of the FFI attributes (NumPy scalars).
+      workspace_k: ``(n, **params) -> k`` passed to the registry's workspace
+        rule; platforms whose handlers take a workspace (GPU) get an extra
+        uint8 result of that many bytes, dropped after the call.
     """
     p = Primitive(name)
     p.multiple_results = True
@@ -84,10 +91,21 @@ def make_row_primitive(
 
     def kernel_lowering(platform: str):
         def lowering(ctx, x, *lengths, **params):
-            target = _registry.kernel_target(ops[bool(lengths)], platform, ctx.avals_in[0].dtype)
+            op = ops[bool(lengths)]
+            aval = ctx.avals_in[0]
+            target = _registry.kernel_target(op, platform, aval.dtype)
             if target is None:
                 return fallback_lowering(ctx, x, *lengths, **params)
-            return jax.ffi.ffi_lowering(target)(ctx, x, *lengths, **ffi_attributes(**params))
+            attributes = ffi_attributes(**params)
+            n = aval.shape[-1]
+            rows = math.prod(aval.shape[:-1])
+            k = workspace_k(n, **params) if workspace_k else n
+            extra = _registry.workspace_bytes(op, platform, aval.dtype, rows, n, k)
+            if extra is None:
+                return jax.ffi.ffi_lowering(target)(ctx, x, *lengths, **attributes)
+            workspace = _compat.ShapedArray((max(extra, 1),), np.uint8)
+            ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+            return jax.ffi.ffi_lowering(target)(ctx, x, *lengths, **attributes)[:-1]
 
         return lowering
 

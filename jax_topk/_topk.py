@@ -19,6 +19,7 @@ top_k_p = _rows.make_row_primitive(
     reference=lambda x, lengths, *, k: _keys.top_k_reference(x, k, lengths),
     ops=("top_k", "top_k_lengths"),
     ffi_attributes=lambda *, k: {"k": np.int64(k)},
+    workspace_k=lambda n, *, k: k,
 )
 
 
