@@ -76,14 +76,23 @@ def sort_order(x: jax.Array, lengths: jax.Array | None = None, *, descending: bo
     return order
 
 
-def take_bits(x: jax.Array, indices: jax.Array) -> jax.Array:
-    """``take_along_axis(x, indices, axis=-1)`` moving raw bits: a gather of
-    bfloat16/float16 may round-trip through float32 and quiet NaN payloads."""
+def to_bits(x: jax.Array) -> jax.Array:
+    """The raw bits of ``x`` as unsigned integers (bool stays bool). Data
+    movement (gather, select, pad, concatenate) of bfloat16/float16 may
+    round-trip through float32 on some backends and quiet NaN payloads; moving
+    bits keeps every element exact."""
     dtype = np.dtype(x.dtype)
-    if dtype == np.bool_:
-        return jnp.take_along_axis(x, indices, axis=-1)
-    bits = lax.bitcast_convert_type(x, _UNSIGNED_BY_WIDTH[dtype.itemsize])
-    return lax.bitcast_convert_type(jnp.take_along_axis(bits, indices, axis=-1), dtype)
+    return x if dtype == np.bool_ else lax.bitcast_convert_type(x, _UNSIGNED_BY_WIDTH[dtype.itemsize])
+
+
+def from_bits(bits: jax.Array, dtype) -> jax.Array:
+    dtype = np.dtype(dtype)
+    return bits if dtype == np.bool_ else lax.bitcast_convert_type(bits, dtype)
+
+
+def take_bits(x: jax.Array, indices: jax.Array) -> jax.Array:
+    """``take_along_axis(x, indices, axis=-1)`` moving raw bits (see to_bits)."""
+    return from_bits(jnp.take_along_axis(to_bits(x), indices, axis=-1), x.dtype)
 
 
 def pad_past_lengths(values: jax.Array, indices: jax.Array, lengths: jax.Array | None):
@@ -91,14 +100,9 @@ def pad_past_lengths(values: jax.Array, indices: jax.Array, lengths: jax.Array |
     if lengths is None:
         return values, indices
     valid = valid_mask(lengths, values.shape[-1])
-    dtype = np.dtype(values.dtype)
-    if dtype == np.bool_:
-        return values & valid, jnp.where(valid, indices, -1)
-    # Select on raw bits: a bfloat16 select may round-trip through float32.
-    unsigned = _UNSIGNED_BY_WIDTH[dtype.itemsize]
-    bits = lax.bitcast_convert_type(values, unsigned)
-    lowest = jnp.asarray(lowest_value(dtype).view(unsigned))
-    return lax.bitcast_convert_type(jnp.where(valid, bits, lowest), dtype), jnp.where(valid, indices, -1)
+    lowest = to_bits(jnp.asarray(lowest_value(values.dtype)))
+    padded = from_bits(jnp.where(valid, to_bits(values), lowest), values.dtype)
+    return padded, jnp.where(valid, indices, -1)
 
 
 def top_k_reference(x: jax.Array, k: int, lengths: jax.Array | None = None):

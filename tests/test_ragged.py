@@ -1,0 +1,82 @@
+"""ragged_top_k / ragged_sort equal per-array calls, padded, in one kernel call."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_topk
+import oracle
+from conftest import TEST_MODULE, make_input
+from jax_topk._keys import lowest_value
+
+
+def arrays_of(lengths, dtype, rng, kind="ties"):
+    return [jnp.asarray(make_input(kind, (n,), dtype, rng)) for n in lengths]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int16", "uint64"])
+def test_ragged_top_k_equals_per_array_calls(dtype, rng):
+    arrays = arrays_of([5, 0, 70, 1, 33, 70], dtype, rng, kind="special" if "float" in dtype else "ties")
+    for k in (0, 1, 8, 70):
+        values, indices = jax_topk.ragged_top_k(arrays, k)
+        assert values.shape == (len(arrays), k)
+        for b, a in enumerate(arrays):
+            m = min(k, a.shape[0])
+            v, i = jax_topk.top_k(a, m)
+            assert oracle.same_bits(values[b, :m], v) and np.array_equal(indices[b, :m], i)
+            assert np.all(np.asarray(indices[b, m:]) == -1)
+            assert oracle.same_bits(values[b, m:], np.full(k - m, lowest_value(a.dtype), a.dtype))
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_ragged_sort_equals_per_array_calls(descending, rng):
+    arrays = arrays_of([3, 17, 1, 0, 17], "float32", rng, kind="special")
+    values, indices = jax_topk.ragged_sort(arrays, descending=descending)
+    assert values.shape == (5, 17)
+    for b, a in enumerate(arrays):
+        n = a.shape[0]
+        v, i = oracle.sort(np.asarray(a), descending=descending)
+        assert oracle.same_bits(values[b, :n], v) and np.array_equal(indices[b, :n], i)
+        assert np.all(np.asarray(indices[b, n:]) == -1)
+
+
+def test_issue_case_31_rows(rng):
+    # 31 rows of 2000..8000, k=512: one padded call equals the per-row loop.
+    lengths = rng.integers(2000, 8001, size=31)
+    arrays = arrays_of(lengths, "float32", rng, kind="random")
+    values, indices = jax_topk.ragged_top_k(arrays, 512)
+    for b, a in enumerate(arrays):
+        v, i = jax.lax.top_k(a, 512)
+        assert oracle.same_bits(values[b], v) and np.array_equal(indices[b], i)
+
+
+def test_one_kernel_call(rng):
+    arrays = arrays_of([10, 20, 30], "float32", rng)
+    target = jax_topk.info()["platforms"][TEST_MODULE]["targets"].get("top_k_lengths")
+    if target is None:
+        pytest.skip("this platform serves lengths through the fallback")
+    text = jax.jit(lambda *a: jax_topk.ragged_top_k(list(a), 4)).lower(*arrays).as_text()
+    assert text.count(f"stablehlo.custom_call @{target}") == 1
+
+
+@pytest.mark.parametrize(
+    "arrays,error,message",
+    [
+        (jnp.zeros((2, 3)), TypeError, r"arrays must be a non-empty list or tuple of 1-D arrays, got ArrayImpl"),
+        ([], TypeError, r"arrays must be a non-empty list"),
+        ([jnp.zeros(3), jnp.zeros((2, 2))], ValueError, r"arrays\[1\] must be 1-D, got shape \(2, 2\)"),
+        ([jnp.zeros(3), jnp.zeros(2, jnp.int32)], TypeError, r"arrays must share one dtype"),
+        ([[1.0, 2.0]], TypeError, r"arrays\[0\] must be a jax.Array or numpy.ndarray, got list"),
+    ],
+)
+def test_errors(arrays, error, message):
+    with pytest.raises(error, match=message):
+        jax_topk.ragged_top_k(arrays, 1)
+
+
+def test_k_larger_than_the_longest_array_is_an_error():
+    with pytest.raises(ValueError, match=r"k=4 must be in \[0, 3\]"):
+        jax_topk.ragged_top_k([jnp.zeros(3), jnp.zeros(2)], 4)
