@@ -67,7 +67,7 @@ def ragged_sort(arrays: Sequence[jax.Array], *, descending: bool = False) -> tup
 
     Example:
       >>> import jax.numpy as jnp, jax_topk
-      >>> v, i = jax_topk.ragged_sort([jnp.array([3, 1, 2]), jnp.array([7])])
+      >>> v, i = jax_topk.ragged_sort([jnp.array([3, 1, 2], jnp.int32), jnp.array([7], jnp.int32)])
       >>> v.tolist(), i.tolist()
       ([[1, 2, 3], [7, -2147483648, -2147483648]], [[1, 2, 0], [0, -1, -1]])
     """
