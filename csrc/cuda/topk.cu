@@ -7,11 +7,13 @@
 
 #include <climits>
 #include <cstdint>
+#include <mutex>
 
 #include "cuda/primitives.cuh"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_radix.cuh"
 #include "cuda/topk_warp.cuh"
+#include "cuda/topk_warp_select.cuh"
 #include "jax_topk/topk_dispatch.h"
 
 namespace jax_topk::cuda {
@@ -22,15 +24,34 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;
 };
 
-cudaError_t query_device(DeviceInfo* info) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
+// Device properties do not change while the process runs. They are read once
+// per device: every custom call asks for them (to plan its workspace and its
+// launch), and host work on that path delays each launch.
+cudaError_t read_device(int device, DeviceInfo* info) {
   int sms = 0, l2 = 0;
+  cudaError_t err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device)) != cudaSuccess) return err;
   info->sm_count = sms > 0 ? sms : 1;
   info->l2_bytes = l2;
+  return cudaSuccess;
+}
+
+cudaError_t query_device(DeviceInfo* info) {
+  constexpr int kCachedDevices = 64;
+  static std::mutex mutex;
+  static DeviceInfo cache[kCachedDevices];
+  static bool cached[kCachedDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 0 || device >= kCachedDevices) return read_device(device, info);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!cached[device]) {
+    if ((err = read_device(device, &cache[device])) != cudaSuccess) return err;
+    cached[device] = true;
+  }
+  *info = cache[device];
   return cudaSuccess;
 }
 
@@ -161,6 +182,45 @@ cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t ro
   return cudaGetLastError();
 }
 
+template <typename U>
+cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+                               int64_t k, KeyCodec<U> codec, cudaStream_t stream) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const int lanes = ws_lanes(n, k);
+  int log2_lanes = 0;
+  while ((1 << log2_lanes) < lanes) ++log2_lanes;
+  const bool two_groups = ws_two_groups(lanes, k);
+  const bool vectorised =
+      (reinterpret_cast<uintptr_t>(x) % 16 == 0) && ((n * int64_t(sizeof(U))) % 16 == 0);
+  const int slots = ws_slots(n, lanes, kVec);
+  const int capacity = ws_capacity(n);
+  const int64_t blocks = (rows * lanes + kWarpSelectThreads - 1) / kWarpSelectThreads;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  const size_t smem = size_t(kWarpSelectThreads / lanes) * size_t(capacity + 1) * sizeof(uint64_t);
+  const dim3 grid{unsigned(blocks)};
+#define JAX_TOPK_WARP_SELECT_CASE(E)                                                            \
+  case E:                                                                                       \
+    if constexpr (E % kVec == 0) {                                                              \
+      warp_select_topk_kernel<U, E><<<grid, kWarpSelectThreads, smem, stream>>>(                \
+          x, values, indices, rows, int(n), int(k), log2_lanes, two_groups, vectorised,         \
+          capacity, codec);                                                                     \
+      break;                                                                                    \
+    } else {                                                                                    \
+      return cudaErrorInvalidValue;                                                             \
+    }
+  switch (slots) {
+    JAX_TOPK_WARP_SELECT_CASE(4)
+    JAX_TOPK_WARP_SELECT_CASE(8)
+    JAX_TOPK_WARP_SELECT_CASE(16)
+    JAX_TOPK_WARP_SELECT_CASE(32)
+    JAX_TOPK_WARP_SELECT_CASE(64)
+    default:
+      return cudaErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64
+  }
+#undef JAX_TOPK_WARP_SELECT_CASE
+  return cudaGetLastError();
+}
+
 // Sorts the unsorted survivors [rows][k] with CUB and writes the outputs.
 template <typename U>
 cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
@@ -286,6 +346,9 @@ cudaError_t run_topk(KeyCodec<U> codec, const U* x, U* values, int32_t* indices,
     case TopkRegime::kTinyRows:
     case TopkRegime::kSmallK:
       if constexpr (sizeof(U) <= 4) {
+        if (n <= kWarpSelectMaxN) {
+          return launch_warp_select<U>(x, values, indices, rows, n, k, codec, stream);
+        }
         return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, stream);
       } else {
         return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix

@@ -9,6 +9,7 @@
 //   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -Icsrc/include -Icsrc csrc/cuda/tests/topk_host_sim.cu -o topk_host_sim && ./topk_host_sim
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "cuda/topk_radix.cuh"
 #include "cuda/topk_warp.cuh"
+#include "cuda/topk_warp_select.cuh"
 #include "jax_topk/topk_dispatch.h"
 
 using namespace jax_topk;
@@ -148,6 +150,157 @@ bool sim_warp_sort_any(const std::vector<U>& row, int64_t k, bool vectorised) {
   return false;
 }
 
+// ---- warp select (threshold filter): lanes of one row group emulated ------
+// Mirrors warp_select_topk_kernel: the same slot layout, loads, group maxima,
+// candidate masks, tiers and ranking; `capacity` forces the fallback tiers.
+// tier_out: 1, 2 or 3, the tier that produced the answer.
+template <KeyKind Kind, typename U, int E>
+bool sim_warp_select_e(const std::vector<U>& row, int64_t k, bool vectorised, int capacity,
+                       int* tier_out) {
+  using M = WsMask<E>;
+  constexpr int kVec = int(16 / sizeof(U));
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  const int n = int(row.size());
+  const int L = ws_lanes(n, k);
+  const bool two = ws_two_groups(L, k);
+  if (ws_slots(n, L, kVec) != E) return false;
+  std::vector<std::array<uint32_t, E>> keys(static_cast<size_t>(L));
+  std::vector<int> nvalid(size_t(L), 0);
+  std::vector<M> vmask(static_cast<size_t>(L));
+  for (int gl = 0; gl < L; ++gl) {
+    uint32_t key[E];
+    ws_load_keys<U, E>(row.data(), n, vectorised, gl, L, true, codec, key);
+    std::copy(key, key + E, keys[size_t(gl)].begin());
+    int log2_lanes = 0;
+    while ((1 << log2_lanes) < L) ++log2_lanes;
+    nvalid[size_t(gl)] = ws_valid_slots(n, gl, log2_lanes, kVec, vectorised, E);
+    vmask[size_t(gl)] = ws_prefix_mask<E>(nvalid[size_t(gl)]);
+    // Every valid slot maps to a distinct in-range index; invalid slots hold key 0.
+    for (int s = 0; s < E; ++s) {
+      const int i = ws_slot_index(s, gl, L, kVec, vectorised);
+      if (s < nvalid[size_t(gl)]) {
+        if (i >= n || key[s] != uint32_t(codec.key(row[size_t(i)]))) return false;
+      } else if (key[s] != 0) {
+        return false;
+      }
+    }
+  }
+  auto threshold = [&](auto maxima_of) {
+    using T = decltype(maxima_of(0).first);
+    std::vector<T> all;
+    for (int gl = 0; gl < L; ++gl) {
+      const auto m = maxima_of(gl);
+      if (two) {
+        all.push_back(m.first);
+        all.push_back(m.second);
+      } else {
+        all.push_back(std::max(m.first, m.second));
+      }
+    }
+    std::sort(all.begin(), all.end(), [](T a, T b) { return a > b; });
+    return all[size_t(k - 1)];
+  };
+  std::vector<M> cand(static_cast<size_t>(L));
+  auto count = [&]() {
+    int total = 0;
+    for (int gl = 0; gl < L; ++gl) total += ws_popc(cand[size_t(gl)]);
+    return total;
+  };
+  int tier = 1;
+  {
+    const uint32_t t = threshold([&](int gl) {
+      uint32_t key[E];
+      std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
+      uint32_t m0, m1;
+      ws_key_maxima(key, m0, m1);
+      return std::make_pair(m0, m1);
+    });
+    for (int gl = 0; gl < L; ++gl) {
+      uint32_t key[E];
+      std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
+      cand[size_t(gl)] = ws_key_candidates(key, t) & vmask[size_t(gl)];
+    }
+  }
+  if (count() > capacity) {
+    tier = 2;
+    const uint64_t t = threshold([&](int gl) {
+      uint32_t key[E];
+      std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
+      uint64_t m0, m1;
+      ws_packed_maxima(key, gl, L, kVec, vectorised, nvalid[size_t(gl)], m0, m1);
+      return std::make_pair(m0, m1);
+    });
+    for (int gl = 0; gl < L; ++gl) {
+      uint32_t key[E];
+      std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
+      cand[size_t(gl)] = ws_packed_candidates(key, gl, L, kVec, vectorised, t) & vmask[size_t(gl)];
+    }
+  }
+  std::vector<uint64_t> result(size_t(k), 0);
+  if (count() > capacity) {
+    tier = 3;
+    uint64_t prev = 0;
+    for (int64_t r = 0; r < k; ++r) {
+      uint64_t best = 0;
+      for (int gl = 0; gl < L; ++gl) {
+        uint32_t key[E];
+        std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
+        best = std::max(best, ws_best_below(key, gl, L, kVec, vectorised, nvalid[size_t(gl)], prev, r == 0));
+      }
+      result[size_t(r)] = best;
+      prev = best;
+    }
+  } else {
+    std::vector<uint64_t> seg;  // lane-major compaction, as the prefix sum orders it
+    for (int gl = 0; gl < L; ++gl) {
+      M c = cand[size_t(gl)];
+      while (c != 0) {
+        const int s = ws_lowest_bit(c);
+        c &= c - M(1);
+        const uint32_t i = uint32_t(ws_slot_index(s, gl, L, kVec, vectorised));
+        seg.push_back(ws_pack(uint32_t(codec.key(row[i])), i));
+      }
+    }
+    if (int64_t(seg.size()) < k) return false;
+    std::vector<int> hits(size_t(k), 0);
+    for (uint64_t p : seg) {
+      int rank = 0;
+      for (uint64_t q : seg) rank += q > p ? 1 : 0;
+      if (rank < k) {
+        result[size_t(rank)] = p;
+        ++hits[size_t(rank)];
+      }
+    }
+    for (int h : hits) if (h != 1) return false;
+  }
+  *tier_out = tier;
+  const auto want = oracle<Kind>(row, k);
+  for (int64_t j = 0; j < k; ++j) {
+    const uint64_t p = result[size_t(j)];
+    if (codec.bits(U(p >> 32)) != want[size_t(j)].first || int32_t(~uint32_t(p)) != want[size_t(j)].second) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <KeyKind Kind, typename U>
+bool sim_warp_select(const std::vector<U>& row, int64_t k, bool vectorised, int capacity, int* tier) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const int n = int(row.size());
+  switch (ws_slots(n, ws_lanes(n, k), kVec)) {
+    case 4: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 4>(row, k, vectorised, capacity, tier); break;
+    case 8: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 8>(row, k, vectorised, capacity, tier); break;
+    case 16: return sim_warp_select_e<Kind, U, 16>(row, k, vectorised, capacity, tier);
+    case 32: return sim_warp_select_e<Kind, U, 32>(row, k, vectorised, capacity, tier);
+    case 64: return sim_warp_select_e<Kind, U, 64>(row, k, vectorised, capacity, tier);
+  }
+  return false;
+}
+
+int g_tiers[4] = {0, 0, 0, 0};
+int g_natural_tier3 = 0;  // tier 3 at the kernel's own capacity
+
 // ---- radix select: the row-per-block state machine, sequentially ----------
 // The digit choice emulates choose_radix_digit's split of bins over threads.
 RadixChoice sim_choose(const std::vector<uint32_t>& hist, int bins, uint32_t k_left, int threads) {
@@ -246,6 +399,24 @@ void run_width(std::mt19937_64& rng) {
       }
     }
   }
+  // Warp select (n <= kWarpSelectMaxN), natural capacity and forced fallbacks.
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {1, 2, 3, 4, 5, 8, 17, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257, 384, 1000, 1024, 1025, 2047, 2048}) {
+    for (int64_t k : {1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32}) {
+      if (k > n) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        const bool vec_ok = (n * int64_t(sizeof(U))) % 16 == 0;
+        for (int capacity : {ws_capacity(n), int(k), 0}) {
+          for (int vec = 0; vec < (vec_ok ? 2 : 1); ++vec) {
+            int tier = 0;
+            report<U>(sim_warp_select<Kind, U>(row, k, vec == 1, capacity, &tier), "warp_select", n, k, pattern, capacity * 2 + vec);
+            ++g_tiers[tier];
+            if (capacity == ws_capacity(n) && tier == 3) ++g_natural_tier3;
+          }
+        }
+      }
+    }
+  }
   // Radix select.
   for (int64_t n : {1, 2, 3, 100, 2047, 2048, 2049, 5000, 70001}) {
     for (int64_t k : {int64_t(1), int64_t(2), int64_t(33), int64_t(1000), n / 2, n - 1, n}) {
@@ -270,6 +441,8 @@ int main() {
   run_width<KeyKind::kSigned, uint8_t>(rng);
   run_width<KeyKind::kFloat, uint64_t>(rng);
   run_width<KeyKind::kUnsigned, uint32_t>(rng);
+  std::printf("warp_select tiers used: 1:%d 2:%d 3:%d (tier 3 at the real capacity: %d)\n", g_tiers[1],
+              g_tiers[2], g_tiers[3], g_natural_tier3);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

@@ -406,6 +406,19 @@ void run_suite(bool quick, bool big) {
     }
   }
 
+  // warp_select fallback tiers (heavy ties at the threshold): tier 2 (packed
+  // threshold) for all-equal / few-value rows longer than the 256-candidate
+  // capacity, tier 3 (argmax rounds) for 8-bit few-value rows.
+  for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
+    for (int64_t n : {int64_t(257), int64_t(1000), int64_t(2048)}) {
+      for (int64_t k : {int64_t(1), int64_t(16), int64_t(17), int64_t(32)}) {
+        run_one(d, 37, n, k, Pattern::kAllEqual);
+        run_one(d, 37, n, k, Pattern::kFewValues);
+        if (!quick) run_one(d, 37, n, k, Pattern::kFewValues, /*misaligned=*/true);
+      }
+    }
+  }
+
   // Long rows on the warp kernel need many rows; the same n with few rows is radix.
   const int64_t warp_rows = kWarpSortMinRowsPerSm * sm + 1;
   for (DType d : {DType::float32, DType::bfloat16, DType::uint8}) {

@@ -51,6 +51,10 @@ inline constexpr int64_t kWarpSortMaxN = 16384;
 // bound; radix select spreads the row over blocks instead).
 inline constexpr int64_t kWarpSortAlwaysN = 2048;
 inline constexpr int64_t kWarpSortMinRowsPerSm = 4;
+// Rows up to this length take the threshold-filter kernel (warp_select: the
+// row in registers, at most 64 slots per lane); longer warp-regime rows take
+// the register-list kernel (warp_sort).
+inline constexpr int64_t kWarpSelectMaxN = 2048;
 
 // --- Radix regimes ---------------------------------------------------------
 // With at least this many rows per SM, one block per row fills the chip.

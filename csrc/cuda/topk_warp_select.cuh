@@ -1,0 +1,398 @@
+// Threshold-filter top-k for short rows and small k (regimes kTinyRows and
+// kSmallK with n <= kWarpSelectMaxN): the fast path of the warp regimes.
+//
+// A group of L lanes (4..32, a power of two) owns one row; a warp holds 32/L
+// rows. Every lane loads its E slots of the row once into registers as 32-bit
+// ordered keys (16-byte loads when the row is aligned), then:
+//
+//  1. Guaranteed threshold (the CPU kernel's trick). The lane's slots are
+//     split into R (1 or 2) disjoint groups (even / odd slots); the L*R group
+//     maxima are distinct elements of the row, so with T = the k-th largest
+//     group maximum at least k elements have key >= T and every top-k element
+//     has key >= T. Empty groups count as key 0, which only lowers T (safe).
+//     A bitonic sort of the L*R maxima across the group's lanes gives T.
+//  2. Candidates = valid slots with key >= T: a bit mask per lane, a prefix sum
+//     of the counts over the group, and each candidate's packed value
+//     (key << 32 | ~index, so one integer compare is the whole order) written
+//     to the row's shared-memory segment (capacity C).
+//  3. Every candidate's rank among the candidates is its rank in the row for
+//     the top k (everything better than a top-k element is a candidate), so
+//     candidates with rank < k write themselves to output position rank.
+//
+// Overflow (more than C candidates: heavy ties at T, e.g. all-equal rows):
+// the whole warp redoes step 1-3 with PACKED group maxima (distinct values, so
+// ties are broken by index and typically ~k..4k candidates survive); if that
+// still overflows, k rounds of a group-wide argmax (always correct, slow).
+// Every decision is warp-uniform, so all shuffles use the full mask.
+//
+// Deterministic: candidate order in shared memory depends only on the layout,
+// and ranks of distinct packed values are unique.
+#pragma once
+
+#include "cuda/primitives.cuh"
+
+namespace jax_topk::cuda {
+
+inline constexpr int kWarpSelectThreads = 128;
+// Most packed candidates kept per row in shared memory.
+inline constexpr int kWarpSelectMaxCapacity = 256;
+
+// Element index held by slot s of lane gl (lane within its row group of L).
+// Vector layout: lane gl's q-th 16-byte vector is vector q*L + gl of the row.
+// Scalar layout: slot s is element s*L + gl.
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_slot_index(int s, int gl, int L, int vec,
+                                                            bool vectorised) {
+  return vectorised ? ((s / vec) * L + gl) * vec + (s % vec) : s * L + gl;
+}
+
+// Valid slots of lane gl: always a prefix [0, result) of its E slots.
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_valid_slots(int n, int gl, int log2_lanes,
+                                                             int vec, bool vectorised, int E) {
+  const int L = 1 << log2_lanes;
+  int v;
+  if (vectorised) {
+    const int nvec = n / vec;  // n is a multiple of vec on this path (vec a power of two)
+    v = nvec > gl ? ((nvec - gl + L - 1) >> log2_lanes) * vec : 0;
+  } else {
+    v = n > gl ? (n - gl + L - 1) >> log2_lanes : 0;
+  }
+  return v < E ? v : E;
+}
+
+// Lane count and groups per lane for a row of n with k <= 32: about 8
+// elements per lane, at least k lanes, and two groups per lane when k > L/2
+// (more groups than k keeps the candidate count near k).
+JAX_TOPK_HOST_DEVICE inline int ws_lanes(int64_t n, int64_t k) {
+  int lanes = 4;
+  while (lanes < 32 && n > lanes * 8) lanes *= 2;
+  while (lanes < 32 && lanes < k) lanes *= 2;
+  return lanes;
+}
+JAX_TOPK_HOST_DEVICE inline bool ws_two_groups(int lanes, int64_t k) { return 2 * k > lanes; }
+
+// Slots per lane: the smallest power of two >= ceil(n / lanes) and >= one
+// 16-byte vector of U.
+JAX_TOPK_HOST_DEVICE inline int ws_slots(int64_t n, int lanes, int vec) {
+  int e = vec;
+  while (int64_t(e) * lanes < n) e *= 2;
+  return e;
+}
+
+// Shared-memory candidate capacity per row.
+JAX_TOPK_HOST_DEVICE inline int ws_capacity(int64_t n) {
+  return n < kWarpSelectMaxCapacity ? int(n) : kWarpSelectMaxCapacity;
+}
+
+template <int E>
+using WsMask = std::conditional_t<(E > 32), uint64_t, uint32_t>;
+
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE WsMask<E> ws_prefix_mask(int count) {
+  using M = WsMask<E>;
+  constexpr int kBits = int(sizeof(M) * 8);
+  return count >= kBits ? ~M(0) : ((M(1) << count) - M(1));
+}
+
+// Loads lane gl's E slots as ordered keys. Invalid slots load the bits whose
+// key is 0, so they never raise a maximum (callers mask them out of the
+// candidates with the valid-slot prefix).
+template <typename U, int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void ws_load_keys(const U* __restrict__ row, int n,
+                                                            bool vectorised, int gl, int L,
+                                                            bool row_valid, KeyCodec<U> codec,
+                                                            uint32_t (&key)[E]) {
+  constexpr int kVec = int(16 / sizeof(U));
+  static_assert(E % kVec == 0, "whole vectors");
+  const U zero_key_bits = codec.bits(U(0));
+  if (vectorised) {
+    constexpr int kVecs = E / kVec;
+    Vec16<U> fill;
+JAX_TOPK_UNROLL
+    for (int e = 0; e < kVec; ++e) fill.elems[e] = zero_key_bits;
+    const uint4* vecs = reinterpret_cast<const uint4*>(row);
+    Vec16<U> data[kVecs];
+JAX_TOPK_UNROLL
+    for (int q = 0; q < kVecs; ++q) {
+      const int v = q * L + gl;
+      const bool valid = row_valid && v * kVec < n;
+      data[q].raw = valid ? vecs[v] : fill.raw;
+    }
+JAX_TOPK_UNROLL
+    for (int q = 0; q < kVecs; ++q) {
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kVec; ++e) key[q * kVec + e] = uint32_t(codec.key(data[q].elems[e]));
+    }
+  } else {
+JAX_TOPK_UNROLL
+    for (int s = 0; s < E; ++s) {
+      const int i = s * L + gl;
+      const bool valid = row_valid && i < n;
+      key[s] = uint32_t(codec.key(valid ? row[i] : zero_key_bits));
+    }
+  }
+}
+
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint64_t ws_pack(uint32_t key, uint32_t index) {
+  return (uint64_t(key) << 32) | uint64_t(~index);
+}
+
+// Group maxima of the keys (even slots -> m0, odd slots -> m1).
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void ws_key_maxima(const uint32_t (&key)[E],
+                                                             uint32_t& m0, uint32_t& m1) {
+  m0 = 0;
+  m1 = 0;
+JAX_TOPK_UNROLL
+  for (int s = 0; s < E; s += 2) {
+    m0 = max_of(m0, key[s]);
+    m1 = max_of(m1, key[s + 1]);
+  }
+}
+
+// Candidate bits of the key threshold (invalid slots included: mask them).
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE WsMask<E> ws_key_candidates(const uint32_t (&key)[E],
+                                                                      uint32_t t) {
+  using M = WsMask<E>;
+  M m = 0;
+JAX_TOPK_UNROLL
+  for (int s = 0; s < E; ++s) m |= key[s] >= t ? (M(1) << s) : M(0);
+  return m;
+}
+
+// Packed group maxima over the valid slots (0 for an empty group).
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void ws_packed_maxima(const uint32_t (&key)[E], int gl,
+                                                                int L, int vec, bool vectorised,
+                                                                int valid_slots, uint64_t& m0,
+                                                                uint64_t& m1) {
+  m0 = 0;
+  m1 = 0;
+JAX_TOPK_UNROLL
+  for (int s = 0; s < E; ++s) {
+    const uint64_t p = s < valid_slots
+                           ? ws_pack(key[s], uint32_t(ws_slot_index(s, gl, L, vec, vectorised)))
+                           : uint64_t(0);
+    if (s % 2 == 0) {
+      m0 = max_of(m0, p);
+    } else {
+      m1 = max_of(m1, p);
+    }
+  }
+}
+
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE WsMask<E> ws_packed_candidates(
+    const uint32_t (&key)[E], int gl, int L, int vec, bool vectorised, uint64_t t) {
+  using M = WsMask<E>;
+  M m = 0;
+JAX_TOPK_UNROLL
+  for (int s = 0; s < E; ++s) {
+    const uint64_t p = ws_pack(key[s], uint32_t(ws_slot_index(s, gl, L, vec, vectorised)));
+    m |= p >= t ? (M(1) << s) : M(0);
+  }
+  return m;
+}
+
+// Best packed value of the valid slots strictly below `below` (any when
+// `first`); 0 when none.
+template <int E>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint64_t ws_best_below(const uint32_t (&key)[E], int gl,
+                                                                 int L, int vec, bool vectorised,
+                                                                 int valid_slots, uint64_t below,
+                                                                 bool first) {
+  uint64_t best = 0;
+JAX_TOPK_UNROLL
+  for (int s = 0; s < E; ++s) {
+    const uint64_t p = ws_pack(key[s], uint32_t(ws_slot_index(s, gl, L, vec, vectorised)));
+    if (s < valid_slots && (first || p < below)) best = max_of(best, p);
+  }
+  return best;
+}
+
+template <typename M>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_popc(M m) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(M) == 8) {
+    return __popcll(m);
+  } else {
+    return __popc(m);
+  }
+#else
+  return __builtin_popcountll(uint64_t(m));
+#endif
+}
+
+template <typename M>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_lowest_bit(M m) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(M) == 8) {
+    return __ffsll((long long)m) - 1;
+  } else {
+    return __ffs(int(m)) - 1;
+  }
+#else
+  return __builtin_ctzll(uint64_t(m));
+#endif
+}
+
+#if defined(__CUDACC__)
+// Sorts the L*R values of each group of L lanes descending (R = 1 or 2 values
+// per lane, element i = gl*R + r). All 32 lanes call it with the same L.
+// Unrolled per L (a run-time L costs a loop and branches per stage).
+template <int R, int L, typename T>
+__device__ JAX_TOPK_FORCE_INLINE void ws_group_sort_desc_l(T (&v)[R], int gl) {
+  constexpr int kCount = L * R;
+JAX_TOPK_UNROLL
+  for (int size = 2; size <= kCount; size *= 2) {
+JAX_TOPK_UNROLL
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      if (stride < R) {  // R == 2, stride == 1: the lane's own pair (i = 2*gl)
+        const bool desc = ((2 * gl) & size) == 0;
+        const T hi = max_of(v[0], v[1]), lo = min_of(v[0], v[1]);
+        v[0] = desc ? hi : lo;
+        v[1] = desc ? lo : hi;
+      } else {
+        const int lane_stride = stride / R;
+        const bool keep_max = ((gl * R) & stride) == 0;
+        const bool desc = ((gl * R) & size) == 0;
+JAX_TOPK_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const T other = shfl_xor_wide(v[r], lane_stride);
+          v[r] = (keep_max == desc) ? max_of(v[r], other) : min_of(v[r], other);
+        }
+      }
+    }
+  }
+}
+
+template <int R, typename T>
+__device__ JAX_TOPK_FORCE_INLINE void ws_group_sort_desc(T (&v)[R], int gl, int log2_lanes) {
+  switch (log2_lanes) {  // uniform
+    case 2: ws_group_sort_desc_l<R, 4>(v, gl); break;
+    case 3: ws_group_sort_desc_l<R, 8>(v, gl); break;
+    case 4: ws_group_sort_desc_l<R, 16>(v, gl); break;
+    default: ws_group_sort_desc_l<R, 32>(v, gl); break;
+  }
+}
+
+// The k-th largest of the group's sorted L*R values, in every lane of the group.
+template <int R, typename T>
+__device__ JAX_TOPK_FORCE_INLINE T ws_kth(const T (&v)[R], int group_base, int k) {
+  const int src = group_base + (k - 1) / R;
+  const T a = shfl_wide(v[0], src);
+  if constexpr (R == 1) {
+    return a;
+  } else {
+    const T b = shfl_wide(v[1], src);
+    return ((k - 1) & 1) ? b : a;
+  }
+}
+
+// Threshold from the group maxima m0 (even slots), m1 (odd slots).
+template <typename T>
+__device__ JAX_TOPK_FORCE_INLINE T ws_threshold(T m0, T m1, bool two_groups, int gl, int log2_lanes,
+                                               int group_base, int k) {
+  if (two_groups) {
+    T v[2] = {m0, m1};
+    ws_group_sort_desc<2>(v, gl, log2_lanes);
+    return ws_kth<2>(v, group_base, k);
+  }
+  T v[1] = {max_of(m0, m1)};
+  ws_group_sort_desc<1>(v, gl, log2_lanes);
+  return ws_kth<1>(v, group_base, k);
+}
+
+template <typename U, int E>
+__global__ void __launch_bounds__(kWarpSelectThreads)
+    warp_select_topk_kernel(const U* __restrict__ x, U* __restrict__ values,
+                            int32_t* __restrict__ indices, int64_t rows, int n, int k,
+                            int log2_lanes, bool two_groups, bool vectorised, int capacity,
+                            KeyCodec<U> codec) {
+  using M = WsMask<E>;
+  constexpr int kVec = int(16 / sizeof(U));
+  extern __shared__ uint64_t ws_smem[];
+
+  const int L = 1 << log2_lanes;
+  const int lane = lane_id();
+  const int gl = lane & (L - 1);
+  const int group_base = lane - gl;
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = thread >> log2_lanes;
+  const bool row_valid = row < rows;  // lanes past the last row still join the shuffles
+  const U* in = x + (row_valid ? row : 0) * int64_t(n);
+  const int seg_stride = capacity + 1;  // +1: rows of one warp start in different banks
+  uint64_t* seg = ws_smem + int64_t(threadIdx.x >> log2_lanes) * seg_stride;
+
+  uint32_t key[E];
+  ws_load_keys<U, E>(in, n, vectorised, gl, L, row_valid, codec, key);
+  const int valid_slots = row_valid ? ws_valid_slots(n, gl, log2_lanes, kVec, vectorised, E) : 0;
+  const M valid_mask = ws_prefix_mask<E>(valid_slots);
+
+  // Tier 1: threshold on keys.
+  uint32_t km0, km1;
+  ws_key_maxima(key, km0, km1);
+  const uint32_t t = ws_threshold(km0, km1, two_groups, gl, log2_lanes, group_base, k);
+  M cand = ws_key_candidates(key, t) & valid_mask;
+
+  auto group_scan = [&](int mine, int* total) {
+    int incl = mine;
+    for (int d = 1; d < L; d *= 2) {
+      const int o = __shfl_up_sync(kFullWarpMask, incl, d);
+      if (gl >= d) incl += o;
+    }
+    *total = __shfl_sync(kFullWarpMask, incl, group_base + L - 1);
+    return incl - mine;
+  };
+  int total = 0;
+  int offset = group_scan(ws_popc(cand), &total);
+  bool overflow = __any_sync(kFullWarpMask, total > capacity);
+  if (overflow) {
+    // Tier 2: threshold on packed values (ties broken by index).
+    uint64_t pm0, pm1;
+    ws_packed_maxima(key, gl, L, kVec, vectorised, valid_slots, pm0, pm1);
+    const uint64_t t64 = ws_threshold(pm0, pm1, two_groups, gl, log2_lanes, group_base, k);
+    cand = ws_packed_candidates(key, gl, L, kVec, vectorised, t64) & valid_mask;
+    offset = group_scan(ws_popc(cand), &total);
+    overflow = __any_sync(kFullWarpMask, total > capacity);
+  }
+  if (overflow) {
+    // Tier 3: k rounds of a group argmax.
+    uint64_t prev = 0;
+    for (int r = 0; r < k; ++r) {
+      uint64_t best = ws_best_below(key, gl, L, kVec, vectorised, valid_slots, prev, r == 0);
+      for (int m = 1; m < L; m *= 2) best = max_of(best, shfl_xor_wide(best, m));
+      prev = best;
+      if (row_valid && gl == 0) {
+        values[row * k + r] = codec.bits(U(best >> 32));
+        indices[row * k + r] = int32_t(~uint32_t(best));
+      }
+    }
+    return;
+  }
+
+  // Compaction: re-read each candidate (an L1 hit) rather than index the
+  // register array at run time.
+  while (cand != 0) {
+    const int s = ws_lowest_bit(cand);
+    cand &= cand - M(1);
+    const uint32_t i = uint32_t(ws_slot_index(s, gl, L, kVec, vectorised));
+    seg[offset++] = ws_pack(uint32_t(codec.key(in[i])), i);
+  }
+  __syncwarp();
+  if (!row_valid) return;
+  const int64_t out = row * int64_t(k);
+  for (int j = gl; j < total; j += L) {
+    const uint64_t p = seg[j];
+    int rank = 0;
+#pragma unroll 4
+    for (int i = 0; i < total; ++i) rank += seg[i] > p ? 1 : 0;
+    if (rank < k) {
+      values[out + rank] = codec.bits(U(p >> 32));
+      indices[out + rank] = int32_t(~uint32_t(p));
+    }
+  }
+}
+#endif  // __CUDACC__
+
+}  // namespace jax_topk::cuda
