@@ -3,6 +3,7 @@
 // TaskRunner.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cpu/task_runner.h"
 #include "jax_topk/dtypes.h"
@@ -87,13 +89,30 @@ inline ffi::Error row_geometry(const char* op, const ffi::AnyBuffer& x,
   return ffi::Error::Success();
 }
 
-// `lengths` must hold one int32 per row (the operand's shape without its last axis).
-inline ffi::Error check_lengths(const char* op, const ffi::Buffer<ffi::S32>& lengths,
-                                const RowGeometry& g) {
-  if (int64_t(lengths.element_count()) != g.rows) {
+// A row op's decoded operands: its geometry and, when given, its lengths under
+// the one rule every op follows, the sequence mask arange(n) < lengths (a
+// length <= 0 selects nothing, >= n the whole row).
+struct RowCall {
+  RowGeometry g;
+  std::vector<int32_t> lengths;  // empty: every row whole
+  const int32_t* lengths_or_null() const { return lengths.empty() ? nullptr : lengths.data(); }
+};
+
+// Checks a last-axis op's operands and outputs ([..., out_len]) and the
+// optional lengths (one int32 per row). Errors name the op and the shapes.
+inline ffi::Error decode_rows(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& values,
+                              int64_t out_len, const ffi::Buffer<ffi::S32>* lengths, RowCall* call) {
+  if (auto err = row_geometry(op, x, values, out_len, &call->g); err.failure()) return err;
+  if (lengths == nullptr) return ffi::Error::Success();
+  if (int64_t(lengths->element_count()) != call->g.rows) {
     return ffi::Error::InvalidArgument(std::string(op) + ": lengths has " +
-                                       std::to_string(lengths.element_count()) +
-                                       " elements, expected one per row (" + std::to_string(g.rows) + ")");
+                                       std::to_string(lengths->element_count()) +
+                                       " elements, expected one per row (" + std::to_string(call->g.rows) + ")");
+  }
+  const int32_t* l = lengths->typed_data();
+  call->lengths.resize(call->g.rows);
+  for (int64_t r = 0; r < call->g.rows; ++r) {
+    call->lengths[r] = int32_t(std::clamp<int64_t>(l[r], 0, call->g.n));
   }
   return ffi::Error::Success();
 }
@@ -150,5 +169,15 @@ class XlaThreadPoolRunner final : public cpu::TaskRunner {
   ffi::ThreadPool& pool_;
   int64_t threads_;
 };
+
+// Decodes x's dtype and calls kernel(dtype, runner) with XLA's thread pool.
+template <typename Kernel>
+ffi::Error run_cpu_kernel(const char* op, ffi::ThreadPool& pool, const ffi::AnyBuffer& x, Kernel&& kernel) {
+  const auto dtype = to_dtype(x.element_type());
+  if (!dtype) return unsupported_dtype(op, x.element_type());
+  XlaThreadPoolRunner runner(pool);
+  kernel(*dtype, runner);
+  return ffi::Error::Success();
+}
 
 }  // namespace jax_topk::ffi_util

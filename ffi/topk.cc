@@ -23,32 +23,26 @@ namespace {
 constexpr const char* kOp = "jax_topk.top_k";
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
-// `lengths` may be null (every row whole).
-ffi::Error topk_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x, const int32_t* lengths,
-                         ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices, int64_t k,
-                         const ffi_util::RowGeometry& g) {
-  const auto dtype = ffi_util::to_dtype(x.element_type());
-  if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
-  ffi_util::XlaThreadPoolRunner runner(pool);
-  cpu::topk_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows,
-                 g.n, k, lengths, runner);
-  return ffi::Error::Success();
+ffi::Error topk_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
+                         const ffi::Buffer<ffi::S32>* lengths, ffi::AnyBuffer& values,
+                         ffi::Buffer<ffi::S32>& indices, int64_t k) {
+  ffi_util::RowCall c;
+  if (auto err = ffi_util::decode_rows(kOp, x, values, k, lengths, &c); err.failure()) return err;
+  return ffi_util::run_cpu_kernel(kOp, pool, x, [&](DType dtype, cpu::TaskRunner& runner) {
+    cpu::topk_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), c.g.rows,
+                   c.g.n, k, c.lengths_or_null(), runner);
+  });
 }
 
 ffi::Error topk_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                     ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
-  ffi_util::RowGeometry g;
-  if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
-  return topk_cpu_rows(pool, x, nullptr, *values, *indices, k, g);
+  return topk_cpu_rows(pool, x, nullptr, *values, *indices, k);
 }
 
 ffi::Error topk_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
                             ffi::Result<ffi::AnyBuffer> values,
                             ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
-  ffi_util::RowGeometry g;
-  if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
-  if (auto err = ffi_util::check_lengths(kOp, lengths, g); err.failure()) return err;
-  return topk_cpu_rows(pool, x, lengths.typed_data(), *values, *indices, k, g);
+  return topk_cpu_rows(pool, x, &lengths, *values, *indices, k);
 }
 #endif
 
