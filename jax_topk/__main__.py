@@ -35,6 +35,7 @@ def describe() -> str:
                 f"dtypes {', '.join(p['dtypes'])}; FFI API {b['ffi_api_version'][0]}.{b['ffi_api_version'][1]} "
                 f"(jaxlib {b['ffi_headers_jaxlib']} headers), {b['compiler']}"
                 + (f", sm {b['cuda_architectures']}" if b["cuda_architectures"] != "none" else "")
+                + f"\n        from {b['loaded_from']}"
             )
         else:
             lines.append(f"  {platform:<5} pure-JAX fallback: {p['reason']}")

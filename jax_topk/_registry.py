@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
+import importlib.util
+import os
 import re
+import sys
 
 import jax
 import jaxlib
@@ -41,13 +45,49 @@ def _version(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", v)[:3])
 
 
-def _load(platform: str, module_name: str) -> None:
+def _installed_extension(module_name: str) -> str | None:
+    """The compiled module of the installed jax_topk distribution, if any.
+
+    ``python -m jax_topk`` (or ``python -c``) run in a source checkout puts the
+    checkout first on sys.path, so ``jax_topk`` is the source tree, which holds
+    no compiled modules; the ones ``pip install .`` built are in site-packages.
+    """
+    try:
+        files = importlib.metadata.distribution("jax_topk").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    stem = module_name.rsplit(".", 1)[-1]
+    for f in files:
+        if f.parts[0] == "jax_topk" and f.name.startswith(stem + ".") and f.suffix in (".so", ".pyd"):
+            path = str(f.locate())
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def _import_native(module_name: str):
+    """Imports a compiled module; returns (module, where it was loaded from)."""
     try:
         module = importlib.import_module(module_name)
+        return module, getattr(module, "__file__", module_name)
+    except ImportError:
+        path = _installed_extension(module_name)
+        if path is None:
+            raise
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[module_name] = module
+        return module, f"{path} (installed distribution; jax_topk itself imported from {os.path.dirname(__file__)})"
+
+
+def _load(platform: str, module_name: str) -> None:
+    try:
+        module, location = _import_native(module_name)
     except ImportError as e:
         _unavailable[platform] = f"not compiled ({e})"
         return
-    build = dict(module.build_info())
+    build = dict(module.build_info(), loaded_from=location)
     # A handler compiled against a newer FFI API than the runtime's is
     # rejected, and can take the whole backend down: never register it.
     if _version(jaxlib.__version__) < _version(build["ffi_headers_jaxlib"]):

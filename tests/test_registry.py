@@ -46,3 +46,18 @@ def test_kernel_target_is_none_for_dtypes_without_kernel():
     assert _registry.kernel_target("top_k", "cpu", "bool") is None
     assert _registry.kernel_target("no_such_op", "cpu", "float32") is None
     assert _registry.kernel_target("top_k", "no_such_platform", "float32") is None
+
+
+def test_source_checkout_uses_the_installed_compiled_modules(monkeypatch):
+    # `python -m jax_topk` in a checkout imports the source tree, which holds no
+    # compiled module: the registry then loads the installed distribution's.
+    path = _registry._installed_extension("jax_topk._jax_topk_cpu")
+    assert path is not None and path.endswith((".so", ".pyd"))
+
+    def no_module(name):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(_registry.importlib, "import_module", no_module)
+    module, location = _registry._import_native("jax_topk._jax_topk_cpu")
+    assert location.startswith(path) and "installed distribution" in location
+    assert "top_k" in module.targets()
