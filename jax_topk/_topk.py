@@ -26,8 +26,8 @@ top_k_p = _rows.make_row_primitive(
 def top_k(x: jax.Array, k: int, *, axis: int = -1, lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """The ``k`` largest elements along ``axis`` and their indices, best first.
 
-    A drop-in replacement for ``jax.lax.top_k`` with the same results on CPU,
-    bit for bit, on every backend. Elements are ordered by the IEEE-754 total
+    A drop-in replacement for ``jax.lax.top_k``: on every backend it returns,
+    bit for bit, what ``lax.top_k`` returns on CPU. Elements are ordered by the IEEE-754 total
     order (``-NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN``; integers in
     their ordinary order) and ties go to the lower index. Unlike ``lax.top_k``
     on GPU, NaNs are never dropped and ``-0.0`` ranks below ``+0.0``.
