@@ -3,7 +3,7 @@
 # logged under $OUT (which the device tool brings back). Steps:
 #   selftest   the standalone CUDA self-test (csrc/cuda/tests), no JAX
 #   tests      pytest on CPU, then the whole suite on the GPU (+ GPU == CPU)
-#   sanitize   compute-sanitizer memcheck and racecheck over the self-test
+#   sanitize   compute-sanitizer memcheck, racecheck and synccheck over the self-test (--quick)
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
@@ -51,7 +51,8 @@ for s in "$@"; do
       [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
         -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
       step memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --quick
-      step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick ;;
+      step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick
+      step synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 1 "$SELFTEST" --quick ;;
     bench)
       step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
     tests_gpu_quick)
