@@ -12,6 +12,7 @@
 #include "cuda/primitives.cuh"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_radix.cuh"
+#include "cuda/topk_threshold.cuh"
 #include "cuda/topk_warp.cuh"
 #include "cuda/topk_warp_select.cuh"
 #include "jax_topk/topk_dispatch.h"
@@ -20,6 +21,7 @@ namespace jax_topk::cuda {
 namespace {
 
 struct DeviceInfo {
+  int device = 0;
   int sm_count = 1;
   int64_t l2_bytes = 0;
 };
@@ -32,6 +34,7 @@ cudaError_t read_device(int device, DeviceInfo* info) {
   cudaError_t err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device)) != cudaSuccess) return err;
+  info->device = device;
   info->sm_count = sms > 0 ? sms : 1;
   info->l2_bytes = l2;
   return cudaSuccess;
@@ -112,7 +115,7 @@ cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
   Plan p;
   p.regime = choose_topk_regime(rows, n, k, int(sizeof(U)), dev.sm_count);
   if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
-      p.regime == TopkRegime::kSmallK) {
+      p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock) {
     *plan = p;
     return cudaSuccess;
   }
@@ -252,15 +255,60 @@ cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t 
   return cudaGetLastError();
 }
 
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  // A block may use 48 KB of shared memory, static and dynamic together,
-  // unless the kernel opts in to more: count the kernel's static part too.
+// Per-kernel launch preparation, cached: raising the dynamic shared memory
+// limit (a block may use 48 KB, static and dynamic together, unless the
+// kernel opts in to more) and the occupancy query are host work on every
+// call otherwise. Keyed by (device, kernel, dynamic smem, threads).
+struct KernelPrep {
+  int device;
+  const void* fn;
+  size_t smem;
+  int threads;
+  int per_sm;
+};
+
+cudaError_t prepare_kernel_uncached(const void* fn, int threads, size_t smem, int* per_sm) {
   cudaFuncAttributes attributes;
-  cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+  cudaError_t err = cudaFuncGetAttributes(&attributes, fn);
   if (err != cudaSuccess) return err;
-  if (bytes + attributes.sharedSizeBytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+  if (smem + attributes.sharedSizeBytes > 48 * 1024) {
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
+  }
+  *per_sm = 0;
+  if (threads > 0) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fn, threads, smem);
+    if (err != cudaSuccess) return err;
+  }
+  if (*per_sm < 1) *per_sm = 1;
+  return cudaSuccess;
+}
+
+// threads == 0: only the shared-memory opt-in (per_sm may be null).
+cudaError_t prepare_kernel(int device, const void* fn, int threads, size_t smem, int* per_sm) {
+  constexpr int kEntries = 256;
+  static std::mutex mutex;
+  static KernelPrep cache[kEntries];
+  static int used = 0;
+  int dummy = 0;
+  if (per_sm == nullptr) per_sm = &dummy;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (int i = 0; i < used; ++i) {
+    const KernelPrep& e = cache[i];
+    if (e.device == device && e.fn == fn && e.smem == smem && e.threads == threads) {
+      *per_sm = e.per_sm;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t err = prepare_kernel_uncached(fn, threads, smem, per_sm);
+  if (err != cudaSuccess) return err;
+  if (used < kEntries) cache[used++] = KernelPrep{device, fn, smem, threads, *per_sm};
+  return cudaSuccess;
+}
+
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(const DeviceInfo& dev, Kernel kernel, size_t bytes) {
+  return prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), 0, bytes, nullptr);
 }
 
 template <typename U, bool kSortInBlock>
@@ -272,12 +320,10 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
   auto kernel = radix_topk_row_per_block_kernel<U, kSortInBlock>;
   const size_t smem = kRadixBins * sizeof(uint32_t) + 2 * size_t(plan.candidate_capacity) * sizeof(P) +
                       (kSortInBlock ? size_t(next_pow2(k)) * sizeof(P) : 0);
-  cudaError_t err = allow_dynamic_smem(kernel, smem);
-  if (err != cudaSuccess) return err;
   int per_sm = 0;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kRadixThreads, smem);
+  cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
+                                   smem, &per_sm);
   if (err != cudaSuccess) return err;
-  if (per_sm < 1) per_sm = 1;
   // A persistent grid; rows in flight are capped so that they stay in L2 for
   // the re-reads of later scans.
   int64_t grid = int64_t(per_sm) * dev.sm_count;
@@ -293,8 +339,54 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
   return cudaGetLastError();
 }
 
+// kThresholdRowPerBlock: a persistent grid of one-row blocks; rows in flight
+// are capped by L2 so that the second read of a row (the compaction) hits L2.
+template <typename U, int kR>
+cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
+                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
+                                             KeyCodec<U> codec, cudaStream_t stream) {
+  auto kernel = threshold_topk_row_per_block_kernel<U, kR>;
+  constexpr size_t smem = threshold_smem_bytes(kR);
+  int per_sm = 0;
+  cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
+                                   smem, &per_sm);
+  if (err != cudaSuccess) return err;
+  int64_t grid = int64_t(per_sm) * dev.sm_count;
+  // A block holds one row between its two reads: rows in flight * row bytes
+  // <= L2 (part of each block's time is the candidate sort, with its row no
+  // longer needed).
+  const int64_t row_bytes = n * int64_t(sizeof(U));
+  int64_t l2_rows = row_bytes > 0 ? dev.l2_bytes / row_bytes : grid;
+  if (l2_rows < dev.sm_count) l2_rows = dev.sm_count;
+  if (grid > l2_rows) grid = l2_rows;
+  if (grid > rows) grid = rows;
+  kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
+                                                          values, indices);
+  return cudaGetLastError();
+}
+
 template <typename U>
-cudaError_t launch_radix_split_row(const Plan& plan, const U* x, U* values, int32_t* indices,
+cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* values,
+                                           int32_t* indices, int64_t rows, int64_t n, int64_t k,
+                                           KeyCodec<U> codec, cudaStream_t stream) {
+  if constexpr (sizeof(U) <= 4) {
+    switch (threshold_slots(k, int(sizeof(U)))) {
+      case 1:
+        return launch_threshold_row_per_block_r<U, 1>(dev, x, values, indices, rows, n, k, codec, stream);
+      case 2:
+        return launch_threshold_row_per_block_r<U, 2>(dev, x, values, indices, rows, n, k, codec, stream);
+      case 8:
+        return launch_threshold_row_per_block_r<U, 8>(dev, x, values, indices, rows, n, k, codec, stream);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  } else {
+    return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
+  }
+}
+
+template <typename U>
+cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                    int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
                                    void* scratch, cudaStream_t stream) {
   using P = typename RadixPacked<U>::type;
@@ -323,7 +415,7 @@ cudaError_t launch_radix_split_row(const Plan& plan, const U* x, U* values, int3
   }
   if (!plan.sort_in_block) return cudaSuccess;  // the caller sorts device-wide
   const size_t smem = size_t(next_pow2(k)) * sizeof(P);
-  if ((err = allow_dynamic_smem(sort_survivors_kernel<U>, smem)) != cudaSuccess) return err;
+  if ((err = allow_dynamic_smem(dev, sort_survivors_kernel<U>, smem)) != cudaSuccess) return err;
   sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec, values, indices);
   return cudaGetLastError();
 }
@@ -362,8 +454,10 @@ cudaError_t run_topk(KeyCodec<U> codec, const U* x, U* values, int32_t* indices,
                                                  scratch, stream);
       if (err != cudaSuccess) return err;
       return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
+    case TopkRegime::kThresholdRowPerBlock:
+      return launch_threshold_row_per_block<U>(dev, x, values, indices, rows, n, k, codec, stream);
     case TopkRegime::kRadixSplitRow:
-      err = launch_radix_split_row<U>(plan, x, values, indices, rows, n, k, codec, scratch, stream);
+      err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, scratch, stream);
       if (err != cudaSuccess || plan.sort_in_block) return err;
       return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
   }

@@ -264,10 +264,82 @@ __device__ void sort_and_write_survivors(P* s, int k, KeyCodec<U> codec, U* valu
 }
 
 // ---------------------------------------------------------------------------
-// kRadixRowPerBlock. Dynamic shared memory: hist[kRadixBins] u32, two
-// candidate buffers of candidate_capacity, then (kSortInBlock) room for
-// next_pow2(k) survivors. Without kSortInBlock the survivors go to
-// survivors_global[row * k ...] for a device-wide sort afterwards.
+// kRadixRowPerBlock. Block-shared state of one row's selection.
+template <typename P>
+struct RadixBlockShared {
+  RadixState<P> state;
+  uint32_t survivor_count;
+  uint32_t candidate_count[2];
+  uint32_t scan_tmp[kWarpSize];
+  RadixChoice choice_slot;
+};
+
+// The whole radix selection of ONE row by one block (all threads call it):
+// hist has kRadixBins u32, candidates 2 * candidate_capacity P, and the
+// survivors go to `survivors` (shared memory with room for next_pow2(k) when
+// kSortInBlock, then sorted and written to values_row/indices_row; else a
+// global [k] slice sorted device-wide afterwards). Starts and ends with a
+// barrier, so the caller may reuse every buffer right after. Also the
+// fallback of the threshold kernels (topk_threshold.cuh).
+template <typename U, bool kSortInBlock>
+__device__ void radix_select_row_in_block(const U* in, int64_t n, int64_t k, int index_bits,
+                                          int candidate_capacity, KeyCodec<U> codec,
+                                          uint32_t* hist, typename RadixPacked<U>::type* candidates,
+                                          typename RadixPacked<U>::type* survivors,
+                                          RadixBlockShared<typename RadixPacked<U>::type>& sh,
+                                          U* values_row, int32_t* indices_row) {
+  using P = typename RadixPacked<U>::type;
+  constexpr int kKeyBits = int(sizeof(U) * 8);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sh.state = radix_initial_state<P>(kKeyBits, n, k, candidate_capacity);
+    sh.survivor_count = 0;
+    sh.candidate_count[0] = sh.candidate_count[1] = 0;
+  }
+  __syncthreads();
+  for (;;) {
+    const RadixState<P> st = sh.state;
+    const bool gather = st.done != 0;
+    const RadixField next = next_radix_field(st.lo, index_bits);
+    const int bins = 1 << (next.hi - next.lo);
+    if (!gather) {
+      for (int b = int(threadIdx.x); b < bins; b += int(blockDim.x)) hist[b] = 0;
+    }
+    __syncthreads();
+    RadixSinks<P> sinks;
+    sinks.hist = hist;
+    sinks.survivors = survivors;
+    sinks.survivor_count = &sh.survivor_count;
+    sinks.survivor_capacity = uint32_t(k);
+    sinks.candidates = (!gather && st.compact_to >= 0) ? candidates + st.compact_to * candidate_capacity : nullptr;
+    sinks.candidate_count = &sh.candidate_count[st.compact_to >= 0 ? st.compact_to : 0];
+    sinks.candidate_capacity = uint32_t(candidate_capacity);
+    if (st.source < 0) {
+      radix_scan_row(in, 0, n, codec, st, next, gather, sinks);
+    } else {
+      radix_scan_buffer(candidates + st.source * candidate_capacity, 0, st.source_count, st,
+                        next, gather, sinks);
+    }
+    __syncthreads();
+    if (gather) break;
+    const RadixChoice c = choose_radix_digit<kRadixThreads>(hist, bins, st.k_left, sh.scan_tmp, &sh.choice_slot);
+    if (threadIdx.x == 0) {
+      const RadixState<P> ns = radix_advance(st, next, c, candidate_capacity);
+      if (ns.compact_to >= 0) sh.candidate_count[ns.compact_to] = 0;
+      sh.state = ns;
+    }
+    __syncthreads();
+  }
+  if constexpr (kSortInBlock) {
+    sort_and_write_survivors(survivors, int(k), codec, values_row, indices_row);
+  }
+  __syncthreads();  // shared state is reused by the caller
+}
+
+// Dynamic shared memory: hist[kRadixBins] u32, two candidate buffers of
+// candidate_capacity, then (kSortInBlock) room for next_pow2(k) survivors.
+// Without kSortInBlock the survivors go to survivors_global[row * k ...] for
+// a device-wide sort afterwards.
 template <typename U, bool kSortInBlock>
 __global__ void __launch_bounds__(kRadixThreads)
     radix_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k,
@@ -279,60 +351,12 @@ __global__ void __launch_bounds__(kRadixThreads)
   uint32_t* hist = reinterpret_cast<uint32_t*>(radix_smem);
   P* candidates = reinterpret_cast<P*>(hist + kRadixBins);
   P* survivors_shared = candidates + 2 * candidate_capacity;
-
-  __shared__ RadixState<P> state;
-  __shared__ uint32_t survivor_count;
-  __shared__ uint32_t candidate_count[2];
-  __shared__ uint32_t scan_tmp[kWarpSize];
-  __shared__ RadixChoice choice_slot;
-
-  constexpr int kKeyBits = int(sizeof(U) * 8);
+  __shared__ RadixBlockShared<P> sh;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const U* in = x + row * n;
     P* survivors = kSortInBlock ? survivors_shared : survivors_global + row * k;
-    if (threadIdx.x == 0) {
-      state = radix_initial_state<P>(kKeyBits, n, k, candidate_capacity);
-      survivor_count = 0;
-      candidate_count[0] = candidate_count[1] = 0;
-    }
-    __syncthreads();
-    for (;;) {
-      const RadixState<P> st = state;
-      const bool gather = st.done != 0;
-      const RadixField next = next_radix_field(st.lo, index_bits);
-      const int bins = 1 << (next.hi - next.lo);
-      if (!gather) {
-        for (int b = int(threadIdx.x); b < bins; b += int(blockDim.x)) hist[b] = 0;
-      }
-      __syncthreads();
-      RadixSinks<P> sinks;
-      sinks.hist = hist;
-      sinks.survivors = survivors;
-      sinks.survivor_count = &survivor_count;
-      sinks.survivor_capacity = uint32_t(k);
-      sinks.candidates = (!gather && st.compact_to >= 0) ? candidates + st.compact_to * candidate_capacity : nullptr;
-      sinks.candidate_count = &candidate_count[st.compact_to >= 0 ? st.compact_to : 0];
-      sinks.candidate_capacity = uint32_t(candidate_capacity);
-      if (st.source < 0) {
-        radix_scan_row(in, 0, n, codec, st, next, gather, sinks);
-      } else {
-        radix_scan_buffer(candidates + st.source * candidate_capacity, 0, st.source_count, st,
-                          next, gather, sinks);
-      }
-      __syncthreads();
-      if (gather) break;
-      const RadixChoice c = choose_radix_digit<kRadixThreads>(hist, bins, st.k_left, scan_tmp, &choice_slot);
-      if (threadIdx.x == 0) {
-        const RadixState<P> ns = radix_advance(st, next, c, candidate_capacity);
-        if (ns.compact_to >= 0) candidate_count[ns.compact_to] = 0;
-        state = ns;
-      }
-      __syncthreads();
-    }
-    if constexpr (kSortInBlock) {
-      sort_and_write_survivors(survivors_shared, int(k), codec, values + row * k, indices + row * k);
-    }
-    __syncthreads();  // shared state is reused by the next row
+    radix_select_row_in_block<U, kSortInBlock>(x + row * n, n, k, index_bits, candidate_capacity,
+                                               codec, hist, candidates, survivors, sh,
+                                               values + row * k, indices + row * k);
   }
 }
 

@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "cuda/topk_radix.cuh"
+#include "cuda/topk_threshold.cuh"
 #include "cuda/topk_warp.cuh"
 #include "cuda/topk_warp_select.cuh"
 #include "jax_topk/topk_dispatch.h"
@@ -385,6 +387,140 @@ bool sim_radix(const std::vector<U>& row, int64_t k, int64_t capacity, int* scan
   return true;
 }
 
+// ---- threshold row per block (topk_threshold.cuh) --------------------------
+// Mirror of block_kth_largest: 8-bit digits from the top, stop when the
+// chosen bucket is exactly what is still needed (or the digits run out, for
+// repeated zeros), answer = the bucket's minimum.
+uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes) {
+  uint64_t prefix = 0;
+  uint32_t k_left = k;
+  int shift = 64;
+  *passes = 0;
+  for (int pass = 0;; ++pass) {
+    ++*passes;
+    const int hs = shift;
+    shift -= kThresholdSelectBits;
+    std::vector<uint32_t> h(kThresholdSelectBins, 0);
+    for (uint64_t e : a) {
+      if (hs == 64 || (e >> hs) == (prefix >> hs)) ++h[uint32_t(e >> shift) & (kThresholdSelectBins - 1)];
+    }
+    // The warp's lanes own 8 bins each from the top; emulate the scan.
+    uint32_t digit = ~0u, above_sel = 0, count_sel = 0;
+    constexpr int kPer = kThresholdSelectBins / kWarpSize;
+    uint32_t incl = 0;
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+      const int top = kThresholdSelectBins - 1 - lane * kPer;
+      uint32_t mine = 0;
+      for (int j = 0; j < kPer; ++j) mine += h[size_t(top - j)];
+      const uint32_t above = incl;
+      incl += mine;
+      if (above < k_left && k_left <= incl) {
+        uint32_t acc = above;
+        for (int j = 0; j < kPer; ++j) {
+          const uint32_t c = h[size_t(top - j)];
+          if (acc + c >= k_left) {
+            if (digit != ~0u) return ~0ull;  // two finders: broken
+            digit = uint32_t(top - j);
+            above_sel = acc;
+            count_sel = c;
+            break;
+          }
+          acc += c;
+        }
+      }
+    }
+    if (digit == ~0u || pass >= kThresholdSelectPasses) return ~0ull;
+    prefix |= uint64_t(digit) << shift;
+    k_left -= above_sel;
+    if (count_sel == k_left || shift == 0) break;
+  }
+  uint64_t m = ~0ull;
+  for (uint64_t e : a) {
+    if ((e >> shift) == (prefix >> shift) && e < m) m = e;
+  }
+  return m;
+}
+
+int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallback
+int64_t g_threshold_max_ratio_x100 = 0;  // worst candidates / k (x100) on the sorted path, random rows
+
+// Emulates threshold_topk_row_per_block_kernel<U, kR> on one row whose first
+// `head` elements come before the first 16-byte boundary.
+template <KeyKind Kind, typename U, int kR>
+bool sim_threshold_r(const std::vector<U>& row, int64_t k, int64_t head_in, int pattern) {
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  constexpr int kThreads = kRadixThreads;
+  constexpr int kG = kThreads * kR;
+  constexpr int kVec = int(16 / sizeof(U));
+  constexpr int kUnroll = kRadixUnroll<U>;
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  const int64_t n = int64_t(row.size());
+  auto packed = [&](int64_t i) { return Pack::pack(codec.key(row[size_t(i)]), uint32_t(i)); };
+  // 1. Group maxima, in the walk order of walk_row_pos.
+  std::vector<P> a(size_t(kG), P(0));
+  auto visit = [&](int tid, int64_t i, int pos) {
+    P& m = a[size_t((pos % kR) * kThreads + tid)];
+    m = std::max(m, packed(i));
+  };
+  const int64_t head = std::min(head_in, n);
+  for (int tid = 0; tid < kThreads; ++tid) if (tid < head) visit(tid, tid, 0);
+  const int64_t nvec = (n - head) / kVec;
+  for (int64_t v0 = 0; v0 < nvec; v0 += int64_t(kThreads) * kUnroll) {
+    for (int tid = 0; tid < kThreads; ++tid) {
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = v0 + int64_t(u) * kThreads + tid;
+        if (v >= nvec) continue;
+        for (int e = 0; e < kVec; ++e) visit(tid, head + v * kVec + e, u * kVec + e);
+      }
+    }
+  }
+  for (int tid = 0; tid < kThreads; ++tid) {
+    const int64_t i = head + nvec * kVec + tid;
+    if (i < n) visit(tid, i, 0);
+  }
+  // 2. T, checked against a plain selection.
+  int passes = 0;
+  const P t = sim_kth_largest(a, uint32_t(k), &passes);
+  std::vector<P> sorted_a = a;
+  std::sort(sorted_a.begin(), sorted_a.end(), std::greater<P>());
+  if (t != sorted_a[size_t(k - 1)]) return false;
+  // 3. Candidates.
+  std::vector<P> cand;
+  for (int64_t i = 0; i < n; ++i) if (packed(i) >= t) cand.push_back(packed(i));
+  if (int64_t(cand.size()) < k) return false;  // the guarantee
+  std::vector<std::pair<U, int32_t>> got;
+  if (cand.size() <= size_t(kG)) {
+    ++g_threshold_paths[1];
+    if (pattern == 0 && n >= 4 * kG) {
+      g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, int64_t(cand.size()) * 100 / k);
+    }
+    const size_t count = size_t(next_pow2(int64_t(cand.size())));
+    cand.resize(count, P(0));
+    std::sort(cand.begin(), cand.end(), std::greater<P>());
+    for (int64_t j = 0; j < k; ++j) got.push_back({codec.bits(Pack::key(cand[size_t(j)])), int32_t(Pack::index(cand[size_t(j)]))});
+  } else {
+    ++g_threshold_paths[2];
+    if (std::getenv("SIM_VERBOSE")) std::printf("fallback bytes=%d n=%lld k=%lld pattern=%d c=%zu\n", int(sizeof(U)), (long long)n, (long long)k, pattern, cand.size());
+    const int64_t survivors = next_pow2(k);
+    if (survivors > kG) return false;
+    int scans = 0;
+    return sim_radix<Kind, U>(row, k, (kG - survivors) / 2, &scans);
+  }
+  const auto want = oracle<Kind>(row, k);
+  return got == want;
+}
+
+template <KeyKind Kind, typename U>
+bool sim_threshold(const std::vector<U>& row, int64_t k, int64_t head, int pattern) {
+  switch (threshold_slots(k, int(sizeof(U)))) {
+    case 1: return sim_threshold_r<Kind, U, 1>(row, k, head, pattern);
+    case 2: return sim_threshold_r<Kind, U, 2>(row, k, head, pattern);
+    case 8: return sim_threshold_r<Kind, U, 8>(row, k, head, pattern);
+  }
+  return false;
+}
+
 template <KeyKind Kind, typename U>
 void run_width(std::mt19937_64& rng) {
   // Warp sort (8/16/32-bit keys only, as in the dispatcher).
@@ -430,6 +566,21 @@ void run_width(std::mt19937_64& rng) {
       }
     }
   }
+  // Threshold row per block (keys up to 32 bits, k <= kThresholdMaxK).
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {1, 2, 3, 17, 100, 513, 600, 1000, 2047, 2048, 4100, 8192, 12289, 65536}) {
+    for (int64_t k : {int64_t(1), int64_t(2), int64_t(16), int64_t(64), int64_t(128), int64_t(129),
+                      int64_t(256), int64_t(257), int64_t(1000), int64_t(1024), int64_t(2047),
+                      int64_t(2048), n}) {
+      if (k > n || k < 1 || k > kThresholdMaxK) continue;
+      if (n == 65536 && k != 64 && k != 2048) continue;  // keep the run short
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t head : {int64_t(0), int64_t(16 / sizeof(U)) - 1}) {
+          report<U>(sim_threshold<Kind, U>(row, k, head, pattern), "threshold", n, k, pattern, int(head));
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -443,6 +594,8 @@ int main() {
   run_width<KeyKind::kUnsigned, uint32_t>(rng);
   std::printf("warp_select tiers used: 1:%d 2:%d 3:%d (tier 3 at the real capacity: %d)\n", g_tiers[1],
               g_tiers[2], g_tiers[3], g_natural_tier3);
+  std::printf("threshold paths: sorted %d, radix fallback %d; worst candidates/k on random rows: %.2f\n",
+              g_threshold_paths[1], g_threshold_paths[2], double(g_threshold_max_ratio_x100) / 100.0);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

@@ -458,6 +458,38 @@ void run_suite(bool quick, bool big) {
     run_one(d, 16 * sm + 5, 3000, 40, Pattern::kFewValues);
   }
 
+  // Threshold row per block (keys <= 32 bits, k <= kThresholdMaxK): the group
+  // slot boundaries (threshold_slots), kThresholdMaxK, the radix fallback
+  // (n = 513, k = 128: too few groups, every element is a candidate; 8-bit
+  // all-equal rows at large k), and few long rows up to
+  // kThresholdFewRowsMaxRowBytes (131072 f32) and just past it (split row).
+  for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
+    for (int64_t n : {int64_t(513), int64_t(8192), int64_t(65536)}) {
+      for (int64_t k : {int64_t(32), int64_t(33), int64_t(64), int64_t(65), int64_t(128),
+                        int64_t(129), int64_t(256), int64_t(257), int64_t(2047), int64_t(2048),
+                        int64_t(2049)}) {
+        if (k > n) continue;
+        if (quick && n == 65536 && k != 2048) continue;
+        run_one(d, 7, n, k, Pattern::kGaussian);
+        run_one(d, 3, n, k, Pattern::kAllEqual);
+        run_one(d, 3, n, k, Pattern::kFewValues, /*misaligned=*/true);
+        if (!quick) {
+          run_one(d, 3, n, k, Pattern::kSpecials);
+          run_one(d, 2, n, k, Pattern::kDescending);
+        }
+      }
+    }
+    run_one(d, 2 * sm + 3, 8192, 64, Pattern::kGaussian);    // more rows than the grid
+    run_one(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
+    for (int64_t n : {int64_t(131072), int64_t(131073)}) {
+      for (int64_t k : {int64_t(50), int64_t(1024), int64_t(2048)}) {
+        run_one(d, 1, n, k, Pattern::kGaussian);
+        run_one(d, 3, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+        if (!quick) run_one(d, 2, n, k, Pattern::kFewValues);
+      }
+    }
+  }
+
   // Radix, rows split over blocks (few rows, long rows).
   const std::vector<int64_t> split_ns = quick ? std::vector<int64_t>{16384, 131075}
                                               : std::vector<int64_t>{16384, 16385, 65539, 300007};

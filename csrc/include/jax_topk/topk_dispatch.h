@@ -22,6 +22,8 @@ enum class TopkRegime : int {
                          // warp-wide pruning threshold
   kRadixRowPerBlock = 3, // radix select, one block per row, all passes in one kernel
   kRadixSplitRow = 4,    // radix select, several blocks per row, one launch per pass
+  kThresholdRowPerBlock = 5,  // one block per row: group-maxima threshold, one
+                              // compaction read, sort of the ~k..2k candidates
 };
 
 inline const char* topk_regime_name(TopkRegime r) {
@@ -31,6 +33,7 @@ inline const char* topk_regime_name(TopkRegime r) {
     case TopkRegime::kSmallK: return "small_k";
     case TopkRegime::kRadixRowPerBlock: return "radix_row_per_block";
     case TopkRegime::kRadixSplitRow: return "radix_split_row";
+    case TopkRegime::kThresholdRowPerBlock: return "threshold_row_per_block";
   }
   return "?";
 }
@@ -67,6 +70,18 @@ inline constexpr int64_t kRadixSplitMinChunk = 8192;
 // Blocks per SM the split-row grid aims at.
 inline constexpr int64_t kRadixSplitBlocksPerSm = 2;
 
+// Threshold kernel (kThresholdRowPerBlock, keys of at most 32 bits): largest
+// k (4096 group maxima per block = 2k; the candidates, ~1.4k, sorted in
+// shared memory).
+inline constexpr int64_t kThresholdMaxK = 2048;
+// With fewer rows than SMs, a row is still given to ONE threshold block (two
+// reads of the row by one block, ~45 GB/s each, plus the candidate sort)
+// while the row is at most this many bytes: 512 KB reads in ~12 us + ~6 us
+// from L2, well under the split-row kernel's 8 launches and 5-6 reads.
+// Longer rows (1 x 2^20) stay on the split-row kernel, whose parallelism
+// across blocks wins there.
+inline constexpr int64_t kThresholdFewRowsMaxRowBytes = int64_t(512) * 1024;
+
 // Number of lanes (4, 8, 16 or 32) that cooperate on one row in the warp-sort
 // kernel: about kTinyRowsElemsPerLane elements per lane for short rows.
 constexpr int warp_sort_lanes_per_row(int64_t n) {
@@ -83,8 +98,12 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k,
   if (warp_sort_fits && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
   }
+  const bool threshold_fits = elem_bytes <= 4 && k <= kThresholdMaxK;
   if (rows >= kRadixRowsPerSmForRowPerBlock * sm_count || n < kRadixSplitMinN) {
-    return TopkRegime::kRadixRowPerBlock;
+    return threshold_fits ? TopkRegime::kThresholdRowPerBlock : TopkRegime::kRadixRowPerBlock;
+  }
+  if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes) {
+    return TopkRegime::kThresholdRowPerBlock;
   }
   return TopkRegime::kRadixSplitRow;
 }
