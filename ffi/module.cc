@@ -92,6 +92,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["warp_sort_max_n"] = jax_topk::kWarpSortMaxN;
         t["warp_sort_always_n"] = jax_topk::kWarpSortAlwaysN;
         t["radix_split_min_n"] = jax_topk::kRadixSplitMinN;
+        t["warp_select_max_n"] = jax_topk::kWarpSelectMaxN;
+        t["threshold_max_k"] = jax_topk::kThresholdMaxK;
+        t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
         d["topk_thresholds"] = t;
 #endif
         return d;

@@ -267,12 +267,21 @@ struct KernelPrep {
   int per_sm;
 };
 
-cudaError_t prepare_kernel_uncached(const void* fn, int threads, size_t smem, int* per_sm) {
+cudaError_t prepare_kernel_uncached(int device, const void* fn, int threads, size_t smem,
+                                    int* per_sm) {
   cudaFuncAttributes attributes;
   cudaError_t err = cudaFuncGetAttributes(&attributes, fn);
   if (err != cudaSuccess) return err;
   if (smem + attributes.sharedSizeBytes > 48 * 1024) {
-    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    // Opt in to the device's whole per-block maximum, never to `smem`: the
+    // attribute is one value per kernel, and lowering it for a small launch
+    // would break a larger launch whose preparation is already cached.
+    int optin = 0;
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    const int most = optin - int(attributes.sharedSizeBytes);
+    if (int64_t(smem) > most) return cudaErrorInvalidValue;
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
     if (err != cudaSuccess) return err;
   }
   *per_sm = 0;
@@ -300,7 +309,7 @@ cudaError_t prepare_kernel(int device, const void* fn, int threads, size_t smem,
       return cudaSuccess;
     }
   }
-  const cudaError_t err = prepare_kernel_uncached(fn, threads, smem, per_sm);
+  const cudaError_t err = prepare_kernel_uncached(device, fn, threads, smem, per_sm);
   if (err != cudaSuccess) return err;
   if (used < kEntries) cache[used++] = KernelPrep{device, fn, smem, threads, *per_sm};
   return cudaSuccess;

@@ -81,6 +81,11 @@ inline constexpr int64_t kThresholdMaxK = 2048;
 // Longer rows (1 x 2^20) stay on the split-row kernel, whose parallelism
 // across blocks wins there.
 inline constexpr int64_t kThresholdFewRowsMaxRowBytes = int64_t(512) * 1024;
+// ... and only while the rows occupy a fair part of the chip: on an H200 one
+// block per row beat the split-row kernel at 64 rows (64x65536 k2048: 93.7 vs
+// 163.5 us; 128x131072 k1024: 84 vs 233) but lost at 1 row (1x131072 k2048:
+// 106 vs 71). The crossover between 1 and 64 rows is not measured yet.
+inline constexpr int64_t kThresholdFewRowsMinSmDivisor = 4;  // rows >= sm_count / 4
 
 // Number of lanes (4, 8, 16 or 32) that cooperate on one row in the warp-sort
 // kernel: about kTinyRowsElemsPerLane elements per lane for short rows.
@@ -102,7 +107,8 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k,
   if (rows >= kRadixRowsPerSmForRowPerBlock * sm_count || n < kRadixSplitMinN) {
     return threshold_fits ? TopkRegime::kThresholdRowPerBlock : TopkRegime::kRadixRowPerBlock;
   }
-  if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes) {
+  if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes &&
+      rows * kThresholdFewRowsMinSmDivisor >= sm_count) {
     return TopkRegime::kThresholdRowPerBlock;
   }
   return TopkRegime::kRadixSplitRow;
