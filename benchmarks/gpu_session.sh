@@ -3,7 +3,8 @@
 # logged under $OUT (which the device tool brings back). Steps:
 #   selftest   the standalone CUDA self-test (csrc/cuda/tests), no JAX
 #   tests      pytest on CPU, then the whole suite on the GPU (+ GPU == CPU)
-#   sanitize   compute-sanitizer memcheck, racecheck and synccheck over the self-test (--quick)
+#   sanitize   compute-sanitizer memcheck, synccheck, and racecheck per kernel family,
+#              over the self-test's --quick cases
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
@@ -50,9 +51,13 @@ for s in "$@"; do
     sanitize)
       [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
         -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
-      step memcheck 400 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --quick
-      step racecheck 400 compute-sanitizer --tool racecheck --error-exitcode 1 "$SELFTEST" --quick
-      step synccheck 400 compute-sanitizer --tool synccheck --error-exitcode 1 "$SELFTEST" --quick ;;
+      step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --quick
+      step synccheck 300 compute-sanitizer --tool synccheck --error-exitcode 1 "$SELFTEST" --quick
+      # racecheck over every kernel at once outruns a call; one kernel family at a time.
+      for kernel in warp_select warp_sort threshold radix_topk_row_per_block radix_split; do
+        step "racecheck_$kernel" 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+          --kernel-name "kns=$kernel" "$SELFTEST" --quick
+      done ;;
     bench)
       step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
     tests_gpu_quick)
