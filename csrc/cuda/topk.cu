@@ -320,6 +320,18 @@ cudaError_t allow_dynamic_smem(const DeviceInfo& dev, Kernel kernel, size_t byte
   return prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), 0, bytes, nullptr);
 }
 
+// A persistent grid of one-row blocks: as many as the SMs hold, but no more
+// than the rows in flight that fit in L2 (each taking `l2_bytes_per_row`;
+// never fewer than one per SM) and no more than there are rows.
+int64_t persistent_row_grid(int per_sm, const DeviceInfo& dev, int64_t rows,
+                            int64_t l2_bytes_per_row) {
+  int64_t grid = int64_t(per_sm) * dev.sm_count;
+  int64_t l2_rows = l2_bytes_per_row > 0 ? dev.l2_bytes / l2_bytes_per_row : grid;
+  if (l2_rows < dev.sm_count) l2_rows = dev.sm_count;
+  if (grid > l2_rows) grid = l2_rows;
+  return grid < rows ? grid : rows;
+}
+
 template <typename U, bool kSortInBlock>
 cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, const U* x,
                                        U* values, int32_t* indices, int64_t rows, int64_t n,
@@ -333,14 +345,9 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
   cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
                                    smem, &per_sm);
   if (err != cudaSuccess) return err;
-  // A persistent grid; rows in flight are capped so that they stay in L2 for
-  // the re-reads of later scans.
-  int64_t grid = int64_t(per_sm) * dev.sm_count;
-  const int64_t row_bytes = n * int64_t(sizeof(U));
-  int64_t l2_rows = dev.l2_bytes / (2 * row_bytes);
-  if (l2_rows < dev.sm_count) l2_rows = dev.sm_count;
-  if (grid > l2_rows) grid = l2_rows;
-  if (grid > rows) grid = rows;
+  // Rows in flight stay in L2 for the re-reads of later scans (two copies'
+  // worth of room per row: the row and what the scans touch).
+  const int64_t grid = persistent_row_grid(per_sm, dev, rows, 2 * n * int64_t(sizeof(U)));
   P* survivors_global = kSortInBlock ? nullptr : at<P>(scratch, plan.survivors);
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n),
                                                           int(plan.candidate_capacity), codec,
@@ -360,15 +367,10 @@ cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, 
   cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
                                    smem, &per_sm);
   if (err != cudaSuccess) return err;
-  int64_t grid = int64_t(per_sm) * dev.sm_count;
   // A block holds one row between its two reads: rows in flight * row bytes
   // <= L2 (part of each block's time is the candidate sort, with its row no
   // longer needed).
-  const int64_t row_bytes = n * int64_t(sizeof(U));
-  int64_t l2_rows = row_bytes > 0 ? dev.l2_bytes / row_bytes : grid;
-  if (l2_rows < dev.sm_count) l2_rows = dev.sm_count;
-  if (grid > l2_rows) grid = l2_rows;
-  if (grid > rows) grid = rows;
+  const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
                                                           values, indices);
   return cudaGetLastError();
