@@ -7,9 +7,9 @@ import doctest
 import pytest
 
 import jax_topk
-from jax_topk import _info, _ragged, _sort, _topk
+from jax_topk import _info, _ragged, _sort, _topk, routing
 
-MODULES = [_topk, _sort, _ragged, _info]
+MODULES = [_topk, _sort, _ragged, _info, routing]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

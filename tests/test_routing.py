@@ -1,0 +1,222 @@
+"""jax_topk.routing against a float64 numpy reference written from the formulas
+(DESIGN section 5), presets, gradients, a toy MoE layer, and errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import jax_topk
+from jax_topk import routing
+
+
+def np_scores(z: np.ndarray, score: str) -> np.ndarray:
+    z = z.astype(np.float64)
+    if score == "softmax":
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    if score == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
+    return np.sqrt(np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z))))
+
+
+def np_best_first(v: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest entries, ties to the lower index (no NaN here)."""
+    return np.argsort(-v, kind="stable")[:k]
+
+
+def np_route(z, k, score="softmax", bias=None, n_groups=None, top_groups=None, renormalize=False, scale=1.0):
+    s = np_scores(z, score)
+    c = s if bias is None else s + bias.astype(np.float64)
+    weights, ids = [], []
+    for s_t, c_t in zip(s.reshape(-1, s.shape[-1]), c.reshape(-1, c.shape[-1])):
+        c_t = c_t.copy()
+        if n_groups is not None:
+            groups = c_t.reshape(n_groups, -1)
+            group_scores = np.sort(groups, axis=-1)[:, ::-1][:, :2].sum(-1)
+            kept = np_best_first(group_scores, top_groups)
+            mask = np.zeros(n_groups, bool)
+            mask[kept] = True
+            c_t[~np.repeat(mask, groups.shape[1])] = -np.inf
+        chosen = np_best_first(c_t, k)
+        w = s_t[chosen]
+        if renormalize:
+            w = w / w.sum()
+        weights.append(w * scale)
+        ids.append(chosen)
+    shape = z.shape[:-1] + (k,)
+    return np.array(weights).reshape(shape), np.array(ids).reshape(shape)
+
+
+CONFIGS = [
+    dict(score=score, bias=bias, groups=groups, renormalize=renormalize, scale=scale)
+    for score, bias, groups, renormalize, scale in itertools.product(
+        ["softmax", "sigmoid", "sqrt_softplus"], [False, True], [None, (8, 4)], [False, True], [1.0, 2.5])
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matches_reference(config, dtype, rng):
+    experts, k = 64, 6
+    z = jnp.asarray(rng.standard_normal((3, 5, experts)) * 2).astype(dtype)
+    bias = rng.standard_normal(experts).astype(np.float32) * 0.1 if config["bias"] else None
+    n_groups, top_groups = config["groups"] or (None, None)
+    kwargs = dict(score=config["score"], n_groups=n_groups, top_groups=top_groups,
+                  renormalize=config["renormalize"], scale=config["scale"])
+    w, ids = jax.jit(lambda z: routing.route(z, k, bias=bias, **kwargs))(z)
+    want_w, want_ids = np_route(np.asarray(z.astype(jnp.float32)), k, bias=bias, **kwargs)
+    assert w.dtype == jnp.float32 and ids.dtype == jnp.int32 and w.shape == (3, 5, k)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("experts,k", [(2, 1), (8, 2), (100, 7), (384, 6), (512, 32)])
+def test_any_expert_count(experts, k, rng):
+    z = jnp.asarray(rng.standard_normal((7, experts)).astype(np.float32))
+    w, ids = routing.route(z, k, score="sigmoid", renormalize=True)
+    want_w, want_ids = np_route(np.asarray(z), k, score="sigmoid", renormalize=True)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+
+
+def test_ties_go_to_the_lower_expert():
+    z = jnp.zeros((2, 16))
+    _, ids = routing.route(z, 4)
+    np.testing.assert_array_equal(ids, [[0, 1, 2, 3]] * 2)
+    z = jnp.array([[1.0, 3.0, 3.0, 0.0, 3.0]])
+    _, ids = routing.route(z, 2, score="sigmoid")
+    np.testing.assert_array_equal(ids, [[1, 2]])
+
+
+def test_equal_group_scores_keep_the_lower_group():
+    z = jnp.zeros((1, 8))  # 4 groups of 2, all equal: groups 0 and 1 are kept
+    _, ids = routing.route(z, 4, score="sigmoid", n_groups=4, top_groups=2)
+    np.testing.assert_array_equal(ids, [[0, 1, 2, 3]])
+
+
+def test_large_magnitude_logits_stay_finite(rng):
+    z = jnp.asarray((rng.standard_normal((4, 32)) * 1e4).astype(np.float32))
+    for score in ("softmax", "sigmoid", "sqrt_softplus"):
+        w, ids = routing.route(z, 4, score=score, renormalize=True)
+        assert np.all(np.isfinite(w)), score
+        np.testing.assert_array_equal(ids, np_route(np.asarray(z), 4, score=score, renormalize=True)[1])
+
+
+def test_nan_logits_rank_first_and_propagate():
+    # Documented: NaN scores rank by the total order (+NaN first), and the
+    # weights carry the NaN (renormalising spreads it over the row).
+    z = jnp.array([[0.0, jnp.nan, 1.0, -1.0]])
+    w, ids = routing.route(z, 2, score="sigmoid")
+    np.testing.assert_array_equal(ids, [[1, 2]])
+    assert np.isnan(w[0, 0]) and np.isfinite(w[0, 1])
+    w, _ = routing.route(z, 2, score="sigmoid", renormalize=True)
+    assert np.all(np.isnan(w))
+
+
+def test_presets_are_their_documented_routes(rng):
+    for name, preset in routing.PRESETS.items():
+        experts = 256 if preset.n_groups else 64
+        z = jnp.asarray(rng.standard_normal((5, experts)).astype(np.float32))
+        bias = jnp.asarray(rng.standard_normal(experts).astype(np.float32) * 0.1) if preset.uses_bias else None
+        w, ids = preset(z, bias)
+        want_w, want_ids = np_route(np.asarray(z), preset.k, score=preset.score,
+                                    bias=None if bias is None else np.asarray(bias),
+                                    n_groups=preset.n_groups, top_groups=preset.top_groups,
+                                    renormalize=preset.renormalize, scale=preset.scale)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=name)
+        np.testing.assert_allclose(w, want_w, rtol=1e-6, err_msg=name)
+        assert preset.source, name
+    with pytest.raises(ValueError, match="selects with a bias"):
+        routing.PRESETS["deepseek_v3"](jnp.zeros((1, 256)))
+
+
+def test_gradients_flow_to_logits_not_bias(rng):
+    z = jnp.asarray(rng.standard_normal((3, 16)))
+    bias = jnp.asarray(rng.standard_normal(16) * 0.1)
+    for score in ("softmax", "sigmoid", "sqrt_softplus"):
+        check_grads(lambda z: routing.route(z, 4, score=score, bias=bias, renormalize=True)[0], (z,), order=1,
+                    modes=("fwd", "rev"))
+    g_bias = jax.grad(lambda b: routing.route(z, 4, score="sigmoid", bias=b)[0].sum())(bias)
+    np.testing.assert_array_equal(g_bias, np.zeros(16))
+
+
+def test_vmap_and_jit_equal_the_batched_call(rng):
+    z = jnp.asarray(rng.standard_normal((4, 6, 32)).astype(np.float32))
+    direct = routing.route(z, 3, score="sigmoid", renormalize=True)
+    mapped = jax.jit(jax.vmap(lambda t: routing.route(t, 3, score="sigmoid", renormalize=True)))(z)
+    np.testing.assert_array_equal(direct[1], mapped[1])
+    np.testing.assert_allclose(direct[0], mapped[0], rtol=1e-7)
+
+
+def toy_moe(x, router, experts, route_fn):
+    """Dispatch each token to its k experts (by id) and combine by weight."""
+    w, ids = route_fn(x @ router)
+    outs = jnp.einsum("td,tkde->tke", x, experts[ids])
+    return (w[..., None] * outs).sum(1)
+
+
+def test_toy_moe_layer_matches_a_dense_layer(rng):
+    tokens, d, e, k = 12, 8, 16, 4
+    x = jnp.asarray(rng.standard_normal((tokens, d)))
+    router = jnp.asarray(rng.standard_normal((d, e)))
+    experts = jnp.asarray(rng.standard_normal((e, d, d)) / d)
+    route_fn = lambda z: routing.route(z, k, renormalize=True)  # noqa: E731
+
+    def dense(x, router, experts):
+        # Every expert on every token, gated by a dense weight vector built
+        # from the reference formula (softmax, top-k mask, renormalise).
+        s = jax.nn.softmax(x @ router, axis=-1)
+        kth = jnp.sort(s, axis=-1)[:, -k][:, None]
+        gate = jnp.where(s >= kth, s, 0.0)
+        gate = gate / gate.sum(-1, keepdims=True)
+        return jnp.einsum("te,tef->tf", gate, jnp.einsum("td,edf->tef", x, experts))
+
+    # Routing weights are computed in float32 (whatever the logits' dtype); the
+    # dense layer here runs in float64.
+    np.testing.assert_allclose(toy_moe(x, router, experts, route_fn), dense(x, router, experts), rtol=1e-6, atol=1e-7)
+    loss = lambda f: (lambda *a: (f(*a) ** 2).sum())  # noqa: E731
+    g_moe = jax.grad(loss(lambda x, r, ex: toy_moe(x, r, ex, route_fn)), argnums=(0, 1, 2))(x, router, experts)
+    g_dense = jax.grad(loss(dense), argnums=(0, 1, 2))(x, router, experts)
+    for a, b in zip(g_moe, g_dense):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_hash_route(rng):
+    table = jnp.asarray(rng.integers(0, 32, size=(100, 4)).astype(np.int32))
+    tokens = jnp.asarray(rng.integers(0, 100, size=(3, 7)))
+    w, ids = routing.hash_route(tokens, table, scale=2.0)
+    np.testing.assert_array_equal(ids, np.asarray(table)[np.asarray(tokens)])
+    np.testing.assert_allclose(w, np.full((3, 7, 4), 0.5))
+    scores = jnp.asarray(rng.random((3, 7, 32)))
+    w, _ = routing.hash_route(tokens, table, scores)
+    gathered = np.take_along_axis(np.asarray(scores), np.asarray(ids), axis=-1)
+    np.testing.assert_allclose(w, gathered / gathered.sum(-1, keepdims=True), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(k=9), ValueError, r"k=9 must be in \[1, 8\] for logits of shape \(2, 8\)"),
+        (dict(k=0), ValueError, r"k=0 must be in \[1, 8\]"),
+        (dict(k=2, score="relu"), ValueError, r"unknown score 'relu'"),
+        (dict(k=2, bias=jnp.zeros(7)), ValueError, r"bias must have shape \(8,\) .* got \(7,\)"),
+        (dict(k=2, n_groups=3, top_groups=1), ValueError, r"n_groups=3 must divide the 8 experts"),
+        (dict(k=2, n_groups=4, top_groups=5), ValueError, r"top_groups=5 must be in \[1, n_groups=4\]"),
+        (dict(k=5, n_groups=4, top_groups=2), ValueError, r"2 \* 2 = 4 experts can be chosen, fewer than k=5"),
+        (dict(k=2, n_groups=4), ValueError, r"n_groups and top_groups go together"),
+    ],
+)
+def test_errors(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        routing.route(jnp.zeros((2, 8)), **kwargs)
+
+
+def test_integer_logits_are_rejected():
+    with pytest.raises(TypeError, match="logits must be a floating array"):
+        routing.route(jnp.zeros((2, 8), jnp.int32), 2)
