@@ -216,10 +216,9 @@ void write_row(const Packed* best, int64_t count, int64_t k, Bits lowest, const 
   std::fill(indices + count, indices + k, int32_t(-1));
 }
 
-// Elements of row r that take part: lengths read as a sequence mask
-// (arange(n) < lengths[r]), so a length <= 0 selects nothing and >= n all.
+// Elements of row r that take part (lengths already in [0, n]).
 inline int64_t row_length(const int32_t* lengths, int64_t r, int64_t n) {
-  return lengths == nullptr ? n : std::clamp<int64_t>(lengths[r], 0, n);
+  return lengths == nullptr ? n : lengths[r];
 }
 
 // Parallel segments per row: 1 unless rows are too few to occupy the workers
