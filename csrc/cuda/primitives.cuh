@@ -91,29 +91,27 @@ struct KeyIndexPacking {
 
 // ---------------------------------------------------------------------------
 // Shuffles of 32/64/128-bit unsigned integers (as 32-bit words).
-template <typename T>
-__device__ JAX_TOPK_FORCE_INLINE T shfl_xor_wide(T v, int lane_mask) {
+template <typename T, typename WordShuffle>
+__device__ JAX_TOPK_FORCE_INLINE T shuffle_words(T v, WordShuffle shuffle) {
   static_assert(sizeof(T) % 4 == 0, "whole words");
   constexpr int kWords = int(sizeof(T) / 4);
   uint32_t w[kWords];
   memcpy(w, &v, sizeof(T));
 JAX_TOPK_UNROLL
-  for (int i = 0; i < kWords; ++i) w[i] = __shfl_xor_sync(kFullWarpMask, w[i], lane_mask);
+  for (int i = 0; i < kWords; ++i) w[i] = shuffle(w[i]);
   memcpy(&v, w, sizeof(T));
   return v;
+}
+
+template <typename T>
+__device__ JAX_TOPK_FORCE_INLINE T shfl_xor_wide(T v, int lane_mask) {
+  return shuffle_words(v, [=](uint32_t w) { return __shfl_xor_sync(kFullWarpMask, w, lane_mask); });
 }
 
 // Lane src_lane's value, in every lane.
 template <typename T>
 __device__ JAX_TOPK_FORCE_INLINE T shfl_wide(T v, int src_lane) {
-  static_assert(sizeof(T) % 4 == 0, "whole words");
-  constexpr int kWords = int(sizeof(T) / 4);
-  uint32_t w[kWords];
-  memcpy(w, &v, sizeof(T));
-JAX_TOPK_UNROLL
-  for (int i = 0; i < kWords; ++i) w[i] = __shfl_sync(kFullWarpMask, w[i], src_lane);
-  memcpy(&v, w, sizeof(T));
-  return v;
+  return shuffle_words(v, [=](uint32_t w) { return __shfl_sync(kFullWarpMask, w, src_lane); });
 }
 
 template <typename T>
