@@ -9,6 +9,10 @@
 #   bench_sort benchmarks/run.py --op sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
+#   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
+#   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
+# At the end every log is gathered into $OUT/logs.txt (the device tool brings
+# back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_topk_out}
@@ -72,8 +76,18 @@ for s in "$@"; do
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
+    routing)
+      JAX_TOPK_TEST_PLATFORM=gpu step routing 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
+        tests/test_routing.py tests/test_routing_gpu.py ;;
+    bench_routing)
+      step bench_routing 300 python3 benchmarks/routing.py --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done
 cat "$OUT/summary.txt"
+for log in "$OUT"/*.log; do
+  [[ -e $log ]] || continue
+  { echo "===== $(basename "$log")"; cat "$log"; } >>"$OUT/logs.txt"
+  rm -f "$log"
+done
 exit $status

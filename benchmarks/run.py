@@ -129,7 +129,7 @@ def plot(result: dict, path: str) -> bool:
         return False
     rows = result["rows"]
     names = list(dict.fromkeys(n for r in rows for n in r["times_us"]))
-    labels = [f"{r['rows']}x{r['n']}\nk={r['k']}" + ("\nbf16" if r["dtype"] == "bfloat16" else "") for r in rows]
+    labels = [r.get("label") or f"{r['rows']}x{r['n']}\nk={r['k']}" + ("\nbf16" if r["dtype"] == "bfloat16" else "") for r in rows]
     fig, ax = plt.subplots(figsize=(max(10, 0.75 * len(rows)), 5.5))
     width = 0.8 / len(names)
     for j, name in enumerate(names):

@@ -13,7 +13,7 @@
 #error "define JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA"
 #endif
 
-#define JAX_TOPK_DECLARE_HANDLER(op, name, stem, cpu, cuda) \
+#define JAX_TOPK_DECLARE_HANDLER(op, name, stem, cpu, cuda, dtypes) \
   JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda,                      \
                             extern "C" XLA_FFI_Error* JAX_TOPK_HANDLER(stem)(XLA_FFI_CallFrame*);)
 JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_DECLARE_HANDLER)

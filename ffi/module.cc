@@ -8,6 +8,7 @@
 #include "ffi/targets.h"
 #include "ffi/handlers.h"
 #include "jax_topk/dtypes.h"
+#include "jax_topk/routing.h"
 #include "xla/ffi/api/c_api.h"
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
@@ -19,6 +20,18 @@
 #endif
 
 namespace nb = nanobind;
+
+namespace {
+// The numpy names of the table's dtypes that satisfy `supported`.
+nb::list dtype_names(bool (*supported)(jax_topk::DType)) {
+  nb::list l;
+#define JAX_TOPK_APPEND_IF(name, ffi_name, bits, kind, lowest) \
+  if (supported(jax_topk::DType::name)) l.append(std::string(#name));
+  JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_APPEND_IF)
+#undef JAX_TOPK_APPEND_IF
+  return l;
+}
+}  // namespace
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 #define JAX_TOPK_PLATFORM_NAME "cpu"
@@ -39,7 +52,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       "targets",
       [] {
         nb::dict d;
-#define JAX_TOPK_EXPORT_TARGET(op, name, stem, cpu, cuda)                           \
+#define JAX_TOPK_EXPORT_TARGET(op, name, stem, cpu, cuda, dtypes)                         \
   JAX_TOPK_ON_THIS_PLATFORM(                                                       \
       cpu, cuda,                                                                   \
       d[#op] = nb::make_tuple(std::string(name),                                   \
@@ -53,13 +66,21 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
   m.def(
       "dtypes",
       [] {
-        nb::list l;
-#define JAX_TOPK_EXPORT_DTYPE(name, ffi_name, bits, kind, lowest) l.append(std::string(#name));
-        JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_EXPORT_DTYPE)
-#undef JAX_TOPK_EXPORT_DTYPE
-        return l;
+        return dtype_names(jax_topk::any_dtype);
       },
       "Element types (numpy names) the native kernels handle.");
+
+  m.def(
+      "op_dtypes",
+      [] {
+        nb::dict d;
+#define JAX_TOPK_EXPORT_OP_DTYPES(op, name, stem, cpu, cuda, dtypes) \
+  JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda, d[#op] = dtype_names(jax_topk::dtypes);)
+        JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_EXPORT_OP_DTYPES)
+#undef JAX_TOPK_EXPORT_OP_DTYPES
+        return d;
+      },
+      "{op family: element types (numpy names) its kernels read}.");
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
   // GPU handlers take their temporaries as an extra result buffer sized at
@@ -84,6 +105,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         d["ffi_headers_jaxlib"] = std::string(JAX_TOPK_FFI_JAXLIB_VERSION);
         d["compiler"] = std::string(JAX_TOPK_COMPILER);
         d["cuda_architectures"] = std::string(JAX_TOPK_CUDA_ARCHITECTURES);
+        // Routes past these lower to the pure-JAX composition.
+        nb::dict route;
+        route["max_experts"] = jax_topk::kRouteMaxExperts;
+        route["max_k"] = jax_topk::kRouteMaxK;
+        d["route_limits"] = route;
 #if defined(JAX_TOPK_PLATFORM_CUDA)
         // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.
         nb::dict t;

@@ -1,15 +1,21 @@
 // The one list of FFI targets this library registers. Each row: the op family
 // (the key Python looks up), the XLA custom-call target name (the same on every
 // platform), the stem of the handler symbols (`<stem>Cpu`, `<stem>Cuda`), and
-// whether the CPU and CUDA modules have a handler for it (1/0). A platform
-// without one lowers the op through the pure-JAX fallback.
+// whether the CPU and CUDA modules have a handler for it (1/0), and the
+// predicate (namespace jax_topk) of the dtypes its kernels read. A platform
+// without a handler, or a dtype outside the predicate, lowers the op through
+// the pure-JAX fallback.
 #pragma once
 
-#define JAX_TOPK_FOR_EACH_TARGET(X)                                  \
-  X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1)                      \
-  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0) \
-  X(sort, "jax_topk_sort", JaxTopkSort, 1, 0)                        \
-  X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 0)
+#include "jax_topk/dtypes.h"
+#include "jax_topk/routing.h"
+
+#define JAX_TOPK_FOR_EACH_TARGET(X) \
+  X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1, any_dtype) \
+  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0, any_dtype) \
+  X(sort, "jax_topk_sort", JaxTopkSort, 1, 0, any_dtype) \
+  X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 0, any_dtype) \
+  X(route, "jax_topk_route", JaxTopkRoute, 1, 1, is_route_dtype)
 
 // JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, cuda_flag, code...) keeps `code` only
 // when the module being compiled has the handler.

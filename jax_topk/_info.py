@@ -8,7 +8,7 @@ import jaxlib
 from jax_topk import _registry
 from jax_topk._version import __version__
 
-OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths")
+OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route")
 # jax.default_backend() names -> the registry's platform keys.
 _BACKEND_PLATFORM = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 
@@ -39,7 +39,7 @@ def info() -> dict:
         "platforms": platforms,
         "paths": {
             op: (
-                {"kernel": native["dtypes"], "other real dtypes": "pure-JAX fallback"}
+                {"kernel": native["op_dtypes"][op], "other dtypes": "pure-JAX fallback"}
                 if native.get("native") and op in native["targets"]
                 else {"all dtypes": "pure-JAX fallback"}
             )

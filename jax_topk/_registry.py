@@ -33,6 +33,7 @@ class NativeModule:
     ffi_platform: str  # platform the targets are registered for: "cpu", "CUDA"
     targets: dict[str, str]  # op family -> FFI target name
     dtypes: tuple[str, ...]
+    op_dtypes: dict[str, tuple[str, ...]]  # op family -> dtypes its kernels read
     build: dict
     module: object  # the nanobind module itself
 
@@ -105,6 +106,7 @@ def _load(platform: str, module_name: str) -> None:
         ffi_platform=module.platform(),
         targets=targets,
         dtypes=tuple(module.dtypes()),
+        op_dtypes={op: tuple(names) for op, names in module.op_dtypes().items()},
         build=build,
         module=module,
     )
@@ -122,7 +124,7 @@ def platforms() -> tuple[str, ...]:
 def kernel_target(op: str, platform: str, dtype) -> str | None:
     """The FFI target serving (op, platform, dtype), or None (use the fallback)."""
     module = _loaded.get(platform)
-    if module is None or op not in module.targets or np.dtype(dtype).name not in module.dtypes:
+    if module is None or op not in module.targets or np.dtype(dtype).name not in module.op_dtypes[op]:
         return None
     return module.targets[op]
 
@@ -136,6 +138,12 @@ def workspace_bytes(op: str, platform: str, dtype, rows: int, n: int, k: int) ->
     return int(module.workspace_bytes(op, np.dtype(dtype).name, rows, n, k))
 
 
+def build_info(platform: str) -> dict:
+    """The platform module's build_info() (empty when it is not loaded)."""
+    module = _loaded.get(platform)
+    return dict(module.build) if module else {}
+
+
 def describe() -> dict:
     """Per platform: whether it is compiled, its targets, dtypes and build."""
     out = {}
@@ -147,6 +155,7 @@ def describe() -> dict:
                 "ffi_platform": m.ffi_platform,
                 "targets": dict(m.targets),
                 "dtypes": list(m.dtypes),
+                "op_dtypes": {op: list(d) for op, d in m.op_dtypes.items()},
                 "build": dict(m.build),
             }
         else:

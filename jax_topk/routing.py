@@ -14,11 +14,22 @@ the logits' dtype:
 5. ``w = s[ids]`` (unbiased scores); ``w / sum(w)`` if ``renormalize``; then
    ``w * scale``.
 
-This module is the pure-JAX composition over ``jax_topk.top_k`` (exact, and
-the reference the fused kernels will be held to). NaN logits give NaN scores;
-a NaN selection score counts as +NaN (the largest value of the total order,
-whatever sign the arithmetic gave it: x86 produces -NaN), so such an expert is
-chosen first on every platform, and the NaN propagates into its weight.
+Each call is ONE fused kernel on CPU and CUDA (float32, bfloat16 and float16
+logits, up to 1024 experts, k up to 32): the logits are read once and the
+weights and ids written once. Other dtypes and sizes lower to the same math as
+plain JAX ops over ``jax_topk.top_k``. The kernels compute the scores from
+IEEE operations only, so CPU and GPU choose the same ids bit for bit.
+
+Selection: with a bias or groups the experts are ranked by the float32 ``c``.
+Without them every score is a strictly increasing function of the logit, so
+the logits themselves are ranked: the exact order of the scores, with no ties
+made by float32 rounding (ties between equal logits go to the lower expert).
+A NaN selection score counts as +NaN (the largest value of the total order,
+whatever sign the arithmetic gave it: x86 produces -NaN), so an expert with a
+NaN logit is chosen first and the NaN propagates into its weight. A softmax
+over a row holding a NaN or +inf logit (or only -inf) has every score NaN:
+every expert then ranks as +NaN, the first k experts are chosen, and every
+weight is NaN.
 """
 
 from __future__ import annotations
@@ -29,35 +40,11 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from jax_topk import _checks
-from jax_topk._topk import top_k
+from jax_topk import _checks, _route
 
 Score = Literal["softmax", "sigmoid", "sqrt_softplus"]
-_SCORES = ("softmax", "sigmoid", "sqrt_softplus")
-
-
-def _score(z: jax.Array, score: str) -> jax.Array:
-    if score == "softmax":
-        return jax.nn.softmax(z, axis=-1)
-    if score == "sigmoid":
-        return jax.nn.sigmoid(z)
-    softplus = jnp.maximum(z, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(z)))
-    return jnp.sqrt(softplus)
-
-
-def _keep_top_groups(c: jax.Array, n_groups: int, top_groups: int) -> jax.Array:
-    """c with the experts outside the best ``top_groups`` groups set to -inf.
-
-    A group's score is the sum of its two best entries (its one entry when a
-    group holds a single expert); ties between groups go to the lower index."""
-    per_group = c.shape[-1] // n_groups
-    grouped = c.reshape(c.shape[:-1] + (n_groups, per_group))
-    group_scores = top_k(grouped, min(2, per_group))[0].sum(-1)
-    _, best = top_k(group_scores, top_groups)
-    kept = jax.nn.one_hot(best, n_groups, dtype=jnp.bool_).any(-2)
-    return jnp.where(jnp.repeat(kept, per_group, axis=-1), c, -jnp.inf)
+_SCORES = _route.SCORES
 
 
 def route(
@@ -126,16 +113,9 @@ def route(
             raise ValueError(f"{fn}: top_groups * (experts / n_groups) = {top_groups} * {experts // n_groups} "
                              f"= {top_groups * (experts // n_groups)} experts can be chosen, fewer than k={k}")
 
-    s = _score(jnp.asarray(logits).astype(jnp.float32), score)
-    c = s if bias is None else s + lax.stop_gradient(jnp.asarray(bias).astype(jnp.float32))
-    c = jnp.where(jnp.isnan(c), jnp.float32(np.nan), c)  # one NaN, +NaN: see the module docstring
-    if n_groups is not None:
-        c = _keep_top_groups(c, n_groups, top_groups)
-    _, ids = top_k(c, k)
-    w = jnp.take_along_axis(s, ids, axis=-1)
-    if renormalize:
-        w = w / w.sum(-1, keepdims=True)
-    return w * jnp.float32(scale), ids
+    bias = jnp.zeros((0,), jnp.float32) if bias is None else jnp.asarray(bias).astype(jnp.float32)
+    return _route.route_p.bind(jnp.asarray(logits), bias, k=k, score=score, n_groups=n_groups or 0,
+                               top_groups=top_groups or 0, renormalize=bool(renormalize), scale=float(scale))
 
 
 def hash_route(

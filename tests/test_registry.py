@@ -14,10 +14,13 @@ def test_info_reports_the_cpu_module():
     info = jax_topk.info()
     cpu = info["platforms"]["cpu"]
     assert cpu["native"] and cpu["ffi_platform"] == "cpu"
-    assert cpu["targets"] == {op: f"jax_topk_{op}" for op in ("top_k", "top_k_lengths", "sort", "sort_lengths")}
+    ops = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route")
+    assert cpu["targets"] == {op: f"jax_topk_{op}" for op in ops}
+    assert cpu["op_dtypes"]["route"] == ["float32", "bfloat16", "float16"]
+    assert cpu["op_dtypes"]["top_k"] == cpu["dtypes"]
     assert tuple(cpu["build"]["ffi_api_version"]) >= (0, 3)
     assert info["backend"] in ("cpu", "gpu", "cuda")
-    assert set(info["paths"]) == {"top_k", "top_k_lengths", "sort", "sort_lengths"}
+    assert set(info["paths"]) == set(ops)
 
 
 def test_module_built_against_newer_ffi_headers_is_not_registered(monkeypatch):

@@ -27,19 +27,34 @@ def np_scores(z: np.ndarray, score: str) -> np.ndarray:
 
 
 def np_best_first(v: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest entries, ties to the lower index (no NaN here)."""
-    return np.argsort(-v, kind="stable")[:k]
+    """Indices of the k largest entries, ties to the lower index, NaN largest."""
+    v = np.where(np.isnan(v), np.inf, v)
+    order = np.lexsort((np.arange(v.size), -v, ~np.isnan(v)))  # NaN first, then descending
+    return order[:k]
 
 
 def np_route(z, k, score="softmax", bias=None, n_groups=None, top_groups=None, renormalize=False, scale=1.0):
+    """DESIGN section 5 with the documented selection rule: with a bias or
+    groups, rank the float32 c = float32(score) + bias; otherwise rank the
+    logits (every score is increasing in the logit), all NaN for a softmax
+    whose normaliser is NaN."""
     s = np_scores(z, score)
-    c = s if bias is None else s + bias.astype(np.float64)
+    selects_by_score = bias is not None or n_groups is not None
+    if selects_by_score:
+        c = s.astype(np.float32)
+        if bias is not None:
+            c = c + bias.astype(np.float32)
+    else:
+        c = z.astype(np.float32).copy()
+        if score == "softmax":
+            c[~np.isfinite(z.max(-1))] = np.nan
     weights, ids = [], []
     for s_t, c_t in zip(s.reshape(-1, s.shape[-1]), c.reshape(-1, c.shape[-1])):
-        c_t = c_t.copy()
+        c_t = c_t.astype(np.float64)
         if n_groups is not None:
             groups = c_t.reshape(n_groups, -1)
-            group_scores = np.sort(groups, axis=-1)[:, ::-1][:, :2].sum(-1)
+            group_scores = np.array([g[np_best_first(g, 2)].astype(np.float32).sum(dtype=np.float32)
+                                     for g in groups])
             kept = np_best_first(group_scores, top_groups)
             mask = np.zeros(n_groups, bool)
             mask[kept] = True
@@ -62,7 +77,7 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
 def test_matches_reference(config, dtype, rng):
     experts, k = 64, 6
     z = jnp.asarray(rng.standard_normal((3, 5, experts)) * 2).astype(dtype)
@@ -155,6 +170,64 @@ def test_vmap_and_jit_equal_the_batched_call(rng):
     np.testing.assert_allclose(direct[0], mapped[0], rtol=1e-7)
 
 
+def route_custom_calls(fn, *args) -> int:
+    return jax.jit(fn).lower(*args).as_text().count("custom_call @jax_topk_route")
+
+
+def test_one_fused_kernel_per_call(rng):
+    assert "route" in jax_topk.info()["platforms"]["cpu"]["targets"]
+    z = jnp.asarray(rng.standard_normal((4, 6, 64)).astype(np.float32))
+    biases = jnp.asarray(rng.standard_normal((4, 64)).astype(np.float32))
+    route = lambda z, b=None: routing.route(z, 4, score="sigmoid", bias=b, renormalize=True)  # noqa: E731
+    assert route_custom_calls(route, z) == 1
+    assert route_custom_calls(jax.vmap(route), z) == 1
+    assert route_custom_calls(jax.vmap(route), z, biases) == 1
+    assert route_custom_calls(jax.vmap(jax.vmap(route, (0, None)), (None, 0)), z[0], biases) == 1
+
+
+def test_vmapped_bias_equals_a_loop(rng):
+    z = jnp.asarray(rng.standard_normal((3, 5, 64)).astype(np.float32))
+    biases = jnp.asarray(rng.standard_normal((3, 64)).astype(np.float32) * 0.1)
+    route = lambda z, b: routing.route(z, 4, score="sigmoid", bias=b, n_groups=8, top_groups=3)  # noqa: E731
+    for in_axes, zs in (((0, 0), z), ((None, 0), z[0])):
+        w, ids = jax.jit(jax.vmap(route, in_axes))(zs, biases)
+        for i in range(3):
+            w_i, ids_i = route(zs if in_axes[0] is None else zs[i], biases[i])
+            np.testing.assert_array_equal(ids[i], ids_i)
+            np.testing.assert_array_equal(w[i], w_i)
+
+
+@pytest.mark.parametrize("experts,k", [(1100, 3), (64, 40)])
+def test_routes_past_the_kernel_limits_use_the_composition(experts, k, rng):
+    limits = jax_topk.info()["platforms"]["cpu"]["build"]["route_limits"]
+    assert experts > limits["max_experts"] or k > limits["max_k"]
+    z = jnp.asarray(rng.standard_normal((5, experts)).astype(np.float32))
+    assert route_custom_calls(lambda z: routing.route(z, k, score="sqrt_softplus"), z) == 0
+    w, ids = routing.route(z, k, score="sqrt_softplus", renormalize=True)
+    want_w, want_ids = np_route(np.asarray(z), k, score="sqrt_softplus", renormalize=True)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(routing.PRESETS))
+def test_kernel_agrees_with_the_composition(name, rng):
+    # The fallback lowering (pure JAX over top_k) against the fused kernel:
+    # the same ids on random logits, weights to float32 rounding.
+    from jax_topk import _route
+
+    preset = routing.PRESETS[name]
+    experts = 256
+    z = jnp.asarray(rng.standard_normal((300, experts)).astype(np.float32))
+    bias = jnp.asarray(rng.standard_normal(experts).astype(np.float32) * 0.1) if preset.uses_bias else None
+    w, ids = preset(z, bias)
+    cw, cids = jax.jit(lambda z: _route.composition(
+        z, jnp.zeros((0,), jnp.float32) if bias is None else bias, k=preset.k, score=preset.score,
+        n_groups=preset.n_groups or 0, top_groups=preset.top_groups or 0, renormalize=preset.renormalize,
+        scale=preset.scale))(z)
+    np.testing.assert_array_equal(ids, cids)
+    np.testing.assert_allclose(w, cw, rtol=2e-6)
+
+
 def toy_moe(x, router, experts, route_fn):
     """Dispatch each token to its k experts (by id) and combine by weight."""
     w, ids = route_fn(x @ router)
@@ -162,12 +235,14 @@ def toy_moe(x, router, experts, route_fn):
     return (w[..., None] * outs).sum(1)
 
 
-def test_toy_moe_layer_matches_a_dense_layer(rng):
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # the fused kernel, and the composition
+def test_toy_moe_layer_matches_a_dense_layer(dtype, rng):
     tokens, d, e, k = 12, 8, 16, 4
-    x = jnp.asarray(rng.standard_normal((tokens, d)))
-    router = jnp.asarray(rng.standard_normal((d, e)))
-    experts = jnp.asarray(rng.standard_normal((e, d, d)) / d)
+    x = jnp.asarray(rng.standard_normal((tokens, d)), dtype)
+    router = jnp.asarray(rng.standard_normal((d, e)), dtype)
+    experts = jnp.asarray(rng.standard_normal((e, d, d)) / d, dtype)
     route_fn = lambda z: routing.route(z, k, renormalize=True)  # noqa: E731
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == "float64" else dict(rtol=2e-5, atol=1e-6)
 
     def dense(x, router, experts):
         # Every expert on every token, gated by a dense weight vector built
@@ -179,13 +254,13 @@ def test_toy_moe_layer_matches_a_dense_layer(rng):
         return jnp.einsum("te,tef->tf", gate, jnp.einsum("td,edf->tef", x, experts))
 
     # Routing weights are computed in float32 (whatever the logits' dtype); the
-    # dense layer here runs in float64.
-    np.testing.assert_allclose(toy_moe(x, router, experts, route_fn), dense(x, router, experts), rtol=1e-6, atol=1e-7)
+    # dense layer here runs in the inputs' dtype.
+    np.testing.assert_allclose(toy_moe(x, router, experts, route_fn), dense(x, router, experts), **tol)
     loss = lambda f: (lambda *a: (f(*a) ** 2).sum())  # noqa: E731
     g_moe = jax.grad(loss(lambda x, r, ex: toy_moe(x, r, ex, route_fn)), argnums=(0, 1, 2))(x, router, experts)
     g_dense = jax.grad(loss(dense), argnums=(0, 1, 2))(x, router, experts)
     for a, b in zip(g_moe, g_dense):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5 if dtype == "float64" else 1e-4, atol=1e-6 if dtype == "float64" else 1e-5)
 
 
 def test_hash_route(rng):

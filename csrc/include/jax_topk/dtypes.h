@@ -74,4 +74,8 @@ bool visit_dtype(DType d, F&& f) {
   return false;
 }
 
+// Every dtype of the table has top-k and sort kernels (the dtype column of
+// ffi/targets.h; other op families list fewer).
+constexpr bool any_dtype(DType) { return true; }
+
 }  // namespace jax_topk

@@ -1,0 +1,246 @@
+// CPU fused MoE routing. Per block of tokens: load each token's logits once
+// into float32, score them with the shared IEEE-only math of jax_topk/routing.h
+// (vectorised loops over experts) into selection keys; select with the
+// library's CPU top-k kernel over the keys; write k weights and ids. Sums are
+// formed in the canonical 32-lane order, so the CUDA kernel's results are the
+// same bits.
+
+#include "cpu/routing_cpu.h"
+
+#include "cpu/topk_cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace jax_topk::cpu {
+namespace {
+
+namespace rm = route_math;
+
+// Exact float32 value of a float16 (binary16) element.
+inline float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {
+    const float magnitude = float(mantissa) * 5.9604644775390625e-8f;  // mantissa * 2^-24, exact
+    std::memcpy(&bits, &magnitude, sizeof bits);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <DType D>
+void load_logits(const void* logits, int64_t offset, int32_t count, float* z) {
+  if constexpr (D == DType::float32) {
+    std::memcpy(z, static_cast<const float*>(logits) + offset, sizeof(float) * count);
+  } else if constexpr (D == DType::bfloat16) {
+    const uint16_t* x = static_cast<const uint16_t*>(logits) + offset;
+    for (int32_t i = 0; i < count; ++i) {
+      const uint32_t bits = uint32_t(x[i]) << 16;
+      std::memcpy(z + i, &bits, sizeof bits);
+    }
+  } else {
+    const uint16_t* x = static_cast<const uint16_t*>(logits) + offset;
+    for (int32_t i = 0; i < count; ++i) z[i] = half_bits_to_float(x[i]);
+  }
+}
+
+// Keeps the `k` largest candidates (packed, see pack_candidate), largest first.
+class BestK {
+ public:
+  BestK(uint64_t* slots, int32_t k) : slots_(slots), k_(k) {}
+  void offer(uint64_t c) {
+    if (filled_ == k_ && c <= slots_[k_ - 1]) return;
+    int32_t j = filled_ < k_ ? filled_++ : k_ - 1;
+    for (; j > 0 && slots_[j - 1] < c; --j) slots_[j] = slots_[j - 1];
+    slots_[j] = c;
+  }
+
+ private:
+  uint64_t* slots_;
+  int32_t k_;
+  int32_t filled_ = 0;
+};
+
+// The softmax shift: max of z[0..n), NaN if any is NaN. Vectorised as a
+// signed-integer max of the float bits with the negative floats' magnitude
+// bits flipped (an order-preserving map for non-NaN floats). Which NaN, and
+// which zero of -0/+0, comes out does not matter: the shift enters only as
+// 0 - m, and a NaN shift makes every score NaN.
+float softmax_shift(const float* z, int32_t n) {
+  int32_t best = INT32_MIN, nan = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t bits;
+    std::memcpy(&bits, z + i, sizeof bits);
+    const int32_t key = bits ^ ((bits >> 31) & 0x7FFFFFFF);
+    best = key > best ? key : best;
+    nan |= int32_t(z[i] != z[i]);
+  }
+  const int32_t bits = best ^ ((best >> 31) & 0x7FFFFFFF);
+  float m;
+  std::memcpy(&m, &bits, sizeof m);
+  return nan ? __builtin_nanf("") : m;
+}
+
+// Sets the key of every expert outside the top_groups best groups to 0,
+// below every real key (NaNs are +NaN, so no real key is 0); k <= the kept
+// experts, so none of them is chosen. A group's score is its best c plus its
+// second best (ties: lower expert); ties between groups: lower group.
+void drop_groups(const RouteConfig& cfg, const float* c, uint32_t* key) {
+  const int32_t per_group = cfg.experts / cfg.n_groups;
+  uint64_t best_groups[kRouteMaxExperts];
+  BestK groups(best_groups, cfg.top_groups);
+  for (int32_t g = 0; g < cfg.n_groups; ++g) {
+    // The two best keys of the group, branch-free (strict >: the lower index
+    // wins ties). Keys are > 0, so 0 means "none yet".
+    const int32_t begin = g * per_group;
+    uint32_t key1 = 0, key2 = 0;
+    int32_t first = begin, second = begin;
+    for (int32_t i = begin; i < begin + per_group; ++i) {
+      const uint32_t k = key[i];
+      const bool above1 = k > key1, above2 = k > key2;
+      second = above1 ? first : (above2 ? i : second);
+      key2 = above1 ? key1 : (above2 ? k : key2);
+      first = above1 ? i : first;
+      key1 = above1 ? k : key1;
+    }
+    const float score = per_group == 1 ? c[first] : rm::add(c[first], c[second]);
+    groups.offer(rm::pack_candidate(true, rm::selection_key(score), g));
+  }
+  bool kept[kRouteMaxExperts] = {};
+  for (int32_t j = 0; j < cfg.top_groups; ++j) kept[rm::candidate_index(best_groups[j])] = true;
+  for (int32_t g = 0; g < cfg.n_groups; ++g) {
+    if (!kept[g]) std::fill(key + g * per_group, key + (g + 1) * per_group, 0u);
+  }
+}
+
+// A block of tokens: keys for all of them, one call of the CPU top-k kernel
+// over the keys (the unsigned order is the selection order, ties to the lower
+// expert), then the weights.
+struct Block {
+  explicit Block(const RouteConfig& cfg, int64_t tokens)
+      : z(cfg.experts), s(cfg.experts), c(cfg.experts), key(tokens * cfg.experts),
+        chosen_keys(tokens * cfg.k), shift(tokens), softmax_sum(tokens) {}
+  std::vector<float> z, s, c;
+  std::vector<uint32_t> key, chosen_keys;
+  std::vector<float> shift;         // per token: the softmax's max logit
+  std::vector<double> softmax_sum;  // per token: the normaliser S, when needed
+};
+
+// Phase 1 for one token: its selection keys (routing.h: scores plus bias when
+// the selection reads them, else the logits), its softmax shift and sum.
+template <DType D>
+void token_keys(const void* logits, const float* bias, const RouteConfig& cfg, int64_t token, int64_t slot,
+                Block& b) {
+  const int32_t experts = cfg.experts;
+  float* z = b.z.data();
+  float* s = b.s.data();
+  float* c = b.c.data();
+  uint32_t* key = b.key.data() + slot * experts;
+  load_logits<D>(logits, token * experts, experts, z);
+  const bool softmax = cfg.score == RouteScore::kSoftmax;
+  const float m = softmax ? softmax_shift(z, experts) : 0.0f;
+  b.shift[slot] = m;
+  if (cfg.needs_softmax_sum()) {
+    double partial[kRouteLanes] = {};
+    for (int32_t i = 0; i < experts; ++i) s[i] = rm::softmax_exp(z[i], m);  // numerators e_i
+    for (int32_t i = 0; i < experts; ++i) partial[i % kRouteLanes] = rm::add(partial[i % kRouteLanes], double(s[i]));
+    b.softmax_sum[slot] = rm::butterfly_sum(partial);
+  }
+  if (!cfg.selects_by_score()) {
+    const bool degenerate = softmax && !(m - m == 0.0f);  // m is NaN or +-inf: every score is NaN
+    for (int32_t i = 0; i < experts; ++i) key[i] = rm::selection_key(degenerate ? m - m : z[i]);
+    return;
+  }
+  if (softmax) {
+    const double sum = b.softmax_sum[slot];
+    for (int32_t i = 0; i < experts; ++i) s[i] = float(rm::div(double(s[i]), sum));
+  } else if (cfg.score == RouteScore::kSigmoid) {
+    for (int32_t i = 0; i < experts; ++i) s[i] = rm::sigmoid(z[i]);
+  } else {
+    for (int32_t i = 0; i < experts; ++i) s[i] = rm::sqrt_softplus(z[i]);
+  }
+  if (bias) {
+    const float* bt = bias + token * cfg.bias_token_stride;
+    for (int32_t i = 0; i < experts; ++i) c[i] = rm::add(s[i], bt[i]);
+  } else {
+    std::memcpy(c, s, sizeof(float) * experts);
+  }
+  for (int32_t i = 0; i < experts; ++i) key[i] = rm::selection_key(c[i]);
+  if (cfg.n_groups > 0) drop_groups(cfg, c, key);
+}
+
+// Phase 3 for one token: numerator / denominator * scale (routing.h,
+// weight()); the numerators are recomputed from the chosen logits with the
+// same functions, so they equal the values the selection saw.
+template <DType D>
+void token_weights(const void* logits, const RouteConfig& cfg, int64_t token, int64_t slot, const Block& b,
+                   float* weights, const int32_t* ids) {
+  const bool softmax = cfg.score == RouteScore::kSoftmax;
+  double lanes[kRouteLanes] = {};
+  for (int32_t j = 0; j < cfg.k; ++j) {
+    float z;
+    load_logits<D>(logits, token * cfg.experts + ids[j], 1, &z);
+    lanes[j] = softmax ? rm::softmax_exp(z, b.shift[slot])
+               : cfg.score == RouteScore::kSigmoid ? rm::sigmoid(z)
+                                                    : rm::sqrt_softplus(z);
+  }
+  float numerator[kRouteMaxK];
+  for (int32_t j = 0; j < cfg.k; ++j) numerator[j] = float(lanes[j]);
+  double denominator = 1.0;
+  if (cfg.renormalize) {
+    denominator = rm::butterfly_sum(lanes);
+  } else if (softmax) {
+    denominator = b.softmax_sum[slot];
+  }
+  for (int32_t j = 0; j < cfg.k; ++j) weights[j] = rm::weight(numerator[j], denominator, cfg.scale);
+}
+
+template <DType D>
+void route_all(const void* logits, const float* bias, float* weights, int32_t* ids,
+               const RouteConfig& cfg, TaskRunner& runner) {
+  // Tasks of at most ~64k logits, at least 4 per thread to balance, and at
+  // least 16 tokens to amortise scheduling.
+  const int64_t balanced = (cfg.tokens + 4 * runner.concurrency() - 1) / (4 * runner.concurrency());
+  const int64_t per_task = std::max<int64_t>(16, std::min<int64_t>((int64_t(1) << 16) / cfg.experts, balanced));
+  const int64_t tasks = (cfg.tokens + per_task - 1) / per_task;
+  runner.run(tasks, [&](int64_t task) {
+    const int64_t begin = task * per_task;
+    const int64_t count = std::min(cfg.tokens, begin + per_task) - begin;
+    Block b(cfg, count);
+    for (int64_t t = 0; t < count; ++t) token_keys<D>(logits, bias, cfg, begin + t, t, b);
+    SerialRunner serial;
+    topk_rows(DType::uint32, b.key.data(), b.chosen_keys.data(), ids + begin * cfg.k, count, cfg.experts, cfg.k,
+              nullptr, serial);
+    for (int64_t t = 0; t < count; ++t) {
+      token_weights<D>(logits, cfg, begin + t, t, b, weights + (begin + t) * cfg.k, ids + (begin + t) * cfg.k);
+    }
+  });
+}
+
+}  // namespace
+
+bool route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
+                  const RouteConfig& cfg, TaskRunner& runner) {
+  switch (dtype) {
+#define JAX_TOPK_ROUTE_CASE(name)                                     \
+  case DType::name:                                                   \
+    route_all<DType::name>(logits, bias, weights, ids, cfg, runner);  \
+    return true;
+    JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_ROUTE_CASE)
+#undef JAX_TOPK_ROUTE_CASE
+    default:
+      return false;
+  }
+}
+
+}  // namespace jax_topk::cpu

@@ -1,0 +1,19 @@
+// CUDA fused MoE routing: one warp per token (DESIGN section 5).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "jax_topk/dtypes.h"
+#include "jax_topk/routing.h"
+
+namespace jax_topk::cuda {
+
+// The CUDA twin of cpu::route_tokens (cpu/routing_cpu.h): same arguments,
+// device pointers, same results bit for bit. Enqueues on `stream`; returns
+// the launch status (cudaErrorInvalidValue for an unsupported dtype).
+cudaError_t route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
+                         const RouteConfig& cfg, cudaStream_t stream);
+
+}  // namespace jax_topk::cuda
