@@ -11,6 +11,7 @@
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
 #   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
+#   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -81,6 +82,10 @@ for s in "$@"; do
         tests/test_routing.py tests/test_routing_gpu.py ;;
     bench_routing)
       step bench_routing 300 python3 benchmarks/routing.py --out "$OUT" ;;
+    profile_routing)
+      step profile_routing 300 ncu -k regex:route_tokens --metrics gpu__time_duration.sum,smsp__inst_executed.sum,\
+sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_routing.py --calls 2 ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

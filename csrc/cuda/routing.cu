@@ -60,42 +60,201 @@ __device__ __forceinline__ float score_of(RouteScore score, float z) {
   return score == RouteScore::kSigmoid ? rm::sigmoid(z) : rm::sqrt_softplus(z);
 }
 
-// Groups: `c` (this warp's [experts] in shared memory) -> marks each group
-// kept or not in `group` (this warp's [n_groups]): a group's score is its best
-// c plus its second best; the top_groups best groups (ties: lower index) are
-// kept. Afterwards group[g] == 0 exactly for the kept groups.
-__device__ void keep_top_groups(const RouteConfig& cfg, const float* c, uint64_t* group, int lane) {
+// Exclusive prefix sum of `v` over the warp; `total` receives the sum.
+__device__ __forceinline__ int warp_exclusive_sum(int v, int lane, int* total) {
+  int inclusive = v;
+#pragma unroll
+  for (int offset = 1; offset < kLanes; offset *= 2) {
+    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  *total = __shfl_sync(kFullMask, inclusive, kLanes - 1);
+  return inclusive - v;
+}
+
+// A bound T for the k best of the warp's candidates, given each lane's best
+// (0: none): at least k lanes' bests are >= T, so every one of the k best is
+// >= T, and only those need ranking. T is the k-th largest lane best rounded
+// down to its high 32 bits, found by repeated warp maxima of the high words
+// (one hardware reduction each) until k lanes are at or above it. Needs at
+// least k lanes with a candidate.
+__device__ __forceinline__ uint64_t kth_lane_best_bound(uint64_t lane_best, int k) {
+  const uint32_t high = uint32_t(lane_best >> 32);
+  uint32_t below = 0xFFFFFFFFu;  // consider lanes whose high word is <= below
+  for (;;) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t m = __reduce_max_sync(kFullMask, high <= below ? high : 0u);
+#else
+    uint32_t m = high <= below ? high : 0u;
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(kFullMask, m, offset));
+#endif
+    if (m == 0 || __popc(__ballot_sync(kFullMask, high >= m)) >= k) return uint64_t(m) << 32;
+    below = m - 1;
+  }
+}
+
+// Per-warp shared memory. Candidates of the selection (packed, with the value
+// their weight needs), the chosen numerators by output rank, and for groups
+// the token's c and keys and each expert's "in a kept group" flag.
+constexpr int kCandidateCapacity = 128;
+
+struct WarpShared {
+  uint64_t* candidate;   // [kCandidateCapacity]
+  float* candidate_value;  // [kCandidateCapacity]
+  int32_t* chosen_id;    // [kRouteMaxK]
+  float* chosen_value;   // [kRouteMaxK]
+  float* c;              // [experts]       (groups only)
+  uint32_t* key;         // [experts]       (groups only)
+  uint64_t* group;       // [n_groups]      (groups only)
+  uint8_t* kept;         // [experts]       (groups only)
+};
+
+__host__ __device__ inline size_t warp_shared_bytes(const RouteConfig& cfg) {
+  size_t bytes = kCandidateCapacity * (sizeof(uint64_t) + sizeof(float)) + kRouteMaxK * (sizeof(int32_t) + sizeof(float));
+  if (cfg.n_groups > 0) {
+    bytes += size_t(cfg.n_groups) * sizeof(uint64_t) + size_t(cfg.experts) * (sizeof(float) + sizeof(uint32_t) + 1);
+  }
+  return (bytes + 15) / 16 * 16;
+}
+
+__device__ inline WarpShared carve_warp_shared(unsigned char* base, const RouteConfig& cfg) {
+  WarpShared w;
+  w.candidate = reinterpret_cast<uint64_t*>(base);
+  w.group = w.candidate + kCandidateCapacity;
+  w.candidate_value = reinterpret_cast<float*>(w.group + (cfg.n_groups > 0 ? cfg.n_groups : 0));
+  w.chosen_value = w.candidate_value + kCandidateCapacity;
+  w.c = w.chosen_value + kRouteMaxK;
+  w.chosen_id = reinterpret_cast<int32_t*>(w.c + (cfg.n_groups > 0 ? cfg.experts : 0));
+  w.key = reinterpret_cast<uint32_t*>(w.chosen_id + kRouteMaxK);
+  w.kept = reinterpret_cast<uint8_t*>(w.key + (cfg.n_groups > 0 ? cfg.experts : 0));
+  return w;
+}
+
+// Groups: marks each expert kept or not in sh.kept (sh.c and sh.key hold the
+// token's c and selection keys). A group's score is its best c plus its second
+// best (ties: lower expert); the top_groups best groups (ties: lower group)
+// are kept. Each group is scanned by `lanes_per_group` lanes whose partial
+// top-2 are merged by shuffles.
+__device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, int lane) {
   const int per_group = cfg.experts / cfg.n_groups;
-  for (int g = lane; g < cfg.n_groups; g += kLanes) {
+  int lanes_per_group = 1;
+  while (lanes_per_group * 2 * cfg.n_groups <= kLanes) lanes_per_group *= 2;
+  const int sub = lane % lanes_per_group;
+  for (int g0 = 0; g0 < cfg.n_groups; g0 += kLanes / lanes_per_group) {
+    const int g = g0 + lane / lanes_per_group;
     uint64_t first = 0, second = 0;
-    for (int i = g * per_group; i < (g + 1) * per_group; ++i) {
-      const uint64_t cand = rm::pack_candidate(true, rm::selection_key(c[i]), i);
-      if (cand > first) {
-        second = first;
-        first = cand;
-      } else if (cand > second) {
-        second = cand;
+    if (g < cfg.n_groups) {
+      for (int i = g * per_group + sub; i < (g + 1) * per_group; i += lanes_per_group) {
+        const uint64_t cand = rm::pack_candidate(true, sh.key[i], i);
+        second = cand > first ? first : (cand > second ? cand : second);
+        first = cand > first ? cand : first;
       }
     }
-    float score = c[rm::candidate_index(first)];
-    if (per_group > 1) score = rm::add(score, c[rm::candidate_index(second)]);
-    group[g] = rm::pack_candidate(true, rm::selection_key(score), g);
+    for (int offset = lanes_per_group / 2; offset > 0; offset /= 2) {  // merge pairs of top-2
+      const uint64_t other_first = __shfl_xor_sync(kFullMask, first, offset);
+      const uint64_t other_second = __shfl_xor_sync(kFullMask, second, offset);
+      const uint64_t low_first = other_first > first ? first : other_first;
+      const uint64_t next_second = other_first > first ? (other_second > first ? other_second : first)
+                                                        : (second > other_first ? second : other_first);
+      first = other_first > first ? other_first : first;
+      second = low_first > next_second ? low_first : next_second;
+    }
+    if (g < cfg.n_groups && sub == 0) {
+      float score = sh.c[rm::candidate_index(first)];
+      if (per_group > 1) score = rm::add(score, sh.c[rm::candidate_index(second)]);
+      sh.group[g] = rm::pack_candidate(true, rm::selection_key(score), g);
+    }
   }
   __syncwarp();
-  for (int round = 0; round < cfg.top_groups; ++round) {
-    uint64_t best = 0;
-    for (int g = lane; g < cfg.n_groups; g += kLanes) best = group[g] > best ? group[g] : best;
-    best = warp_max(best);
-    const int g = rm::candidate_index(best);
-    if (lane == (g % kLanes)) group[g] = 0;
+  // A group is kept when fewer than top_groups groups beat it; its lanes
+  // then flag its experts.
+  for (int g0 = 0; g0 < cfg.n_groups; g0 += kLanes / lanes_per_group) {
+    const int g = g0 + lane / lanes_per_group;
+    if (g < cfg.n_groups) {
+      const uint64_t mine = sh.group[g];
+      int rank = 0;
+      for (int j = 0; j < cfg.n_groups; ++j) rank += sh.group[j] > mine;
+      const uint8_t kept = rank < cfg.top_groups;
+      for (int i = g * per_group + sub; i < (g + 1) * per_group; i += lanes_per_group) sh.kept[i] = kept;
+    }
+  }
+  __syncwarp();
+}
+
+// The k best candidates (packed; 0 = none) of the warp, best first: lane j < k
+// receives the j-th one's id and the value stored with it. Only candidates
+// at or above kth_lane_best_bound (typically about k of them) are ranked, by
+// counting in shared memory. Should they overflow the buffer, k rounds of
+// warp argmax decide instead.
+template <int kSlots>
+__device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const float (&value)[kSlots], int k,
+                                             const WarpShared& sh, int lane, int32_t* id, float* chosen_value) {
+  // With one slot per lane every candidate is ranked (at most 32 of them).
+  uint64_t threshold = 1;
+  if constexpr (kSlots > 1) {
+    uint64_t lane_max = 0;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) lane_max = cand[s] > lane_max ? cand[s] : lane_max;
+    threshold = kth_lane_best_bound(lane_max, k);
+    threshold = threshold ? threshold : 1;  // never the empty slots (0)
+  }
+  int count = 0;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) count += cand[s] >= threshold;
+  int total;
+  int offset = warp_exclusive_sum(count, lane, &total);
+  if (total <= kCandidateCapacity) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      if (cand[s] >= threshold) {
+        sh.candidate[offset] = cand[s];
+        sh.candidate_value[offset] = value[s];
+        ++offset;
+      }
+    }
     __syncwarp();
+    for (int i = lane; i < total; i += kLanes) {
+      const uint64_t mine = sh.candidate[i];
+      int rank = 0;
+      for (int j = 0; j < total; ++j) rank += sh.candidate[j] > mine;
+      if (rank < k) {
+        sh.chosen_id[rank] = rm::candidate_index(mine);
+        sh.chosen_value[rank] = sh.candidate_value[i];
+      }
+    }
+    __syncwarp();
+    if (lane < k) {
+      *id = sh.chosen_id[lane];
+      *chosen_value = sh.chosen_value[lane];
+    }
+    __syncwarp();  // the buffers are reused by the warp's next token
+    return;
+  }
+  for (int j = 0; j < k; ++j) {  // rare: more than kCandidateCapacity candidates
+    uint64_t best = 0;
+    float best_value = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      best_value = cand[s] > best ? value[s] : best_value;
+      best = cand[s] > best ? cand[s] : best;
+    }
+    const uint64_t winner = warp_max(best);
+    const int e = rm::candidate_index(winner);
+    const float v = __shfl_sync(kFullMask, best_value, e % kLanes);
+    if (lane == e % kLanes) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) cand[s] = (s == e / kLanes) ? 0 : cand[s];
+    }
+    if (lane == j) {
+      *id = e;
+      *chosen_value = v;
+    }
   }
 }
 
 template <DType D, int kSlots>
 __device__ __forceinline__ void route_token(const void* logits, const float* bias, float* weights, int32_t* ids,
-                                            const RouteConfig& cfg, int64_t token, float* c_shared,
-                                            uint64_t* group_shared, int lane) {
+                                            const RouteConfig& cfg, int64_t token, const WarpShared& sh, int lane) {
   const int experts = cfg.experts;
   const bool softmax = cfg.score == RouteScore::kSoftmax;
   float z[kSlots];
@@ -114,15 +273,17 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
     }
     m = warp_max_propagating(m);
   }
-  // score[s]: exp(z - m) for a softmax (its numerator), else the score.
-  float score[kSlots];
+  // value[s]: what the weight of expert s needs (routing.h, weight()): the
+  // numerator when computed here, else the logit (numerator computed for the
+  // k chosen only).
+  float value[kSlots];
   double softmax_sum = 1.0;
   if (cfg.needs_softmax_sum()) {
     double partial = 0.0;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      score[s] = rm::softmax_exp(z[s], m);
-      if (s * kLanes + lane < experts) partial = rm::add(partial, double(score[s]));
+      value[s] = rm::softmax_exp(z[s], m);
+      if (s * kLanes + lane < experts) partial = rm::add(partial, double(value[s]));
     }
     softmax_sum = warp_sum(partial);
   }
@@ -130,76 +291,54 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
   uint64_t cand[kSlots];
   if (cfg.selects_by_score()) {
     const float* b = bias ? bias + token * cfg.bias_token_stride : nullptr;
-    float c[kSlots];
+    uint32_t key[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kLanes + lane;
-      if (!softmax) score[s] = score_of(cfg.score, z[s]);
-      const float sv = softmax ? float(rm::div(double(score[s]), softmax_sum)) : score[s];
-      c[s] = (b && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
+      if (!softmax) value[s] = score_of(cfg.score, z[s]);
+      const float sv = softmax ? float(rm::div(double(value[s]), softmax_sum)) : value[s];
+      const float c = (b && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
+      key[s] = rm::selection_key(c);
+      if (cfg.n_groups > 0 && e < experts) {
+        sh.c[e] = c;
+        sh.key[e] = key[s];
+      }
     }
     if (cfg.n_groups > 0) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        if (s * kLanes + lane < experts) c_shared[s * kLanes + lane] = c[s];
-      }
       __syncwarp();
-      keep_top_groups(cfg, c_shared, group_shared, lane);
+      mark_kept_groups(cfg, sh, lane);
     }
-    const int per_group = cfg.n_groups > 0 ? experts / cfg.n_groups : 1;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kLanes + lane;
-      const bool eligible = cfg.n_groups == 0 || (e < experts && group_shared[e / per_group] == 0);
-      cand[s] = e < experts ? rm::pack_candidate(eligible, rm::selection_key(c[s]), e) : 0;
+      const bool eligible = cfg.n_groups == 0 || (e < experts && sh.kept[e]);
+      cand[s] = e < experts ? rm::pack_candidate(eligible, key[s], e) : 0;
     }
-    if (cfg.n_groups > 0) __syncwarp();  // group_shared is reused by the next token
   } else {
     const bool degenerate = softmax && !(m - m == 0.0f);  // every softmax score is NaN
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kLanes + lane;
       cand[s] = e < experts ? rm::pack_candidate(true, rm::selection_key(degenerate ? m - m : z[s]), e) : 0;
+      if (!cfg.needs_softmax_sum()) value[s] = z[s];
     }
   }
 
-  // k rounds of argmax; lane j keeps the j-th choice and its numerator.
-  const bool have_numerators = cfg.needs_softmax_sum() || cfg.selects_by_score();
   int32_t my_id = 0;
-  float my_numerator = 0.0f;
-  for (int j = 0; j < cfg.k; ++j) {
-    uint64_t best = 0;
-    float best_z = 0.0f, best_score = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const bool better = cand[s] > best;
-      best = better ? cand[s] : best;
-      best_z = better ? z[s] : best_z;
-      best_score = better ? (have_numerators ? score[s] : 0.0f) : best_score;
-    }
-    const uint64_t winner = warp_max(best);
-    const int e = rm::candidate_index(winner);
-    const int owner = e % kLanes;
-    const float wz = __shfl_sync(kFullMask, best_z, owner);
-    const float wscore = __shfl_sync(kFullMask, best_score, owner);
-    if (lane == owner) {
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) cand[s] = (s == e / kLanes) ? 0 : cand[s];
-    }
-    if (lane == j) {
-      my_id = e;
-      my_numerator = have_numerators ? wscore : (softmax ? rm::softmax_exp(wz, m) : score_of(cfg.score, wz));
-    }
-  }
-
+  float my_value = 0.0f;
+  select_top_k<kSlots>(cand, value, cfg.k, sh, lane, &my_id, &my_value);
+  const bool have_numerators = cfg.needs_softmax_sum() || cfg.selects_by_score();
+  const float numerator = have_numerators ? my_value
+                          : softmax       ? rm::softmax_exp(my_value, m)
+                                          : score_of(cfg.score, my_value);
   double denominator = 1.0;
   if (cfg.renormalize) {
-    denominator = warp_sum(lane < cfg.k ? double(my_numerator) : 0.0);
+    denominator = warp_sum(lane < cfg.k ? double(numerator) : 0.0);
   } else if (softmax) {
     denominator = softmax_sum;
   }
   if (lane < cfg.k) {
-    weights[token * cfg.k + lane] = rm::weight(my_numerator, denominator, cfg.scale);
+    weights[token * cfg.k + lane] = rm::weight(numerator, denominator, cfg.scale);
     ids[token * cfg.k + lane] = my_id;
   }
 }
@@ -208,31 +347,64 @@ template <DType D, int kSlots>
 __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
     route_tokens_kernel(const void* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                         int32_t* __restrict__ ids, RouteConfig cfg) {
-  // Groups only: per warp, the experts' c and the group candidates.
-  extern __shared__ uint64_t dynamic_shared[];
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
   const int lane = threadIdx.x % kLanes;
   const int warp = threadIdx.x / kLanes;
-  uint64_t* group_shared = dynamic_shared + warp * (cfg.n_groups + cfg.experts / 2 + 1);
-  float* c_shared = reinterpret_cast<float*>(group_shared + cfg.n_groups);
+  const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg), cfg);
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
   for (int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + warp; token < cfg.tokens; token += stride) {
-    route_token<D, kSlots>(logits, bias, weights, ids, cfg, token, c_shared, group_shared, lane);
+    route_token<D, kSlots>(logits, bias, weights, ids, cfg, token, sh, lane);
+    if (cfg.n_groups > 0) __syncwarp();  // sh.c, sh.key and sh.kept are rewritten by the next token
   }
+}
+
+// The device's SM count and the largest dynamic shared memory a block may
+// opt into, read once per device (host work on every launch shows up in the
+// per-call time).
+struct DeviceLimits {
+  int sms = 0;
+  int max_shared = 0;
+};
+
+cudaError_t device_limits(DeviceLimits* out) {
+  constexpr int kMaxDevices = 64;
+  static DeviceLimits cache[kMaxDevices];
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= kMaxDevices) return cudaErrorInvalidDevice;
+  DeviceLimits& d = cache[device];
+  if (d.sms == 0) {
+    DeviceLimits fresh;
+    err = cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    d = fresh;  // racing writers store the same values
+  }
+  *out = d;
+  return cudaSuccess;
 }
 
 template <DType D, int kSlots>
 cudaError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
                    cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  DeviceLimits dev;
+  cudaError_t err = device_limits(&dev);
   if (err != cudaSuccess) return err;
-  const size_t smem = cfg.n_groups > 0
-                          ? size_t(kWarpsPerBlock) * (cfg.n_groups + cfg.experts / 2 + 1) * sizeof(uint64_t)
-                          : 0;
+  const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg);
+  if (smem > size_t(dev.max_shared)) return cudaErrorInvalidValue;
+  if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
+    static bool opted_in = false;
+    if (!opted_in) {
+      err = cudaFuncSetAttribute(route_tokens_kernel<D, kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 dev.max_shared);
+      if (err != cudaSuccess) return err;
+      opted_in = true;
+    }
+  }
   // Enough warps for every SM to hide load latency; more tokens loop.
   const int64_t blocks_needed = (cfg.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(sms) * 16);
+  const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(dev.sms) * 16);
   route_tokens_kernel<D, kSlots><<<unsigned(blocks), kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights,
                                                                                               ids, cfg);
   return cudaGetLastError();

@@ -117,22 +117,26 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float negative_abs(float x) {
 }
 
 // exp(hi + lo) for |lo| <= ulp(hi) / 2 (lo: the rounding error of a float
-// subtraction, see softmax_exp; 0 elsewhere). Cody-Waite reduction by ln 2
-// split in two (the high part has 9 significant bits, so n * hi is exact for
-// every n in range), a degree-7 polynomial on |r| <= ln(2)/2 (~1 ulp), and
-// the scale 2^n applied as two exact power-of-two factors so that results in
-// the subnormal range round once. NaN propagates; overflow gives +inf.
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp2_parts(float hi, float lo) {
+// subtraction, see softmax_exp; absent elsewhere). Cody-Waite reduction by
+// ln 2 split in two (the high part has 9 significant bits, so n * hi is exact
+// for every n in range), a degree-7 polynomial on |r| <= ln(2)/2 (~1 ulp),
+// and the scale 2^n applied as two exact power-of-two factors, so results in
+// the subnormal range round once. The clamp to [-104, 89] changes no result:
+// exp(89) overflows to +inf and exp(-104) rounds to 0. NaN propagates.
+template <bool kWithLo>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp_parts(float hi, float lo) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
-  const float x = hi > 89.0f ? 89.0f : (hi < -104.0f ? -104.0f : hi);  // NaN: handled last
+  float x = hi > 89.0f ? 89.0f : hi;
+  x = x < -104.0f ? -104.0f : x;
+  x = is_nan(hi) ? 0.0f : x;  // keeps the integer conversion below defined
   const float t = add(mul(x, kLog2e), 0.5f);
-  int32_t n = int32_t(t);                      // truncates toward zero ...
-  n -= (t < float(n)) ? 1 : 0;                 // ... so this is floor(t)
+  int32_t n = int32_t(t);       // truncates toward zero ...
+  n -= (t < float(n)) ? 1 : 0;  // ... so this is floor(t), in [-150, 129]
   const float nf = float(n);
   float r = sub(sub(x, mul(nf, kLn2Hi)), mul(nf, kLn2Lo));
-  r = add(r, lo);
+  if constexpr (kWithLo) r = add(r, lo);
   // exp(r) = 1 + r + r^2 (1/2 + r (1/6 + ...)): the coefficients of Cephes' expf.
   float p = 1.9875691500e-4f;
   p = add(mul(p, r), 1.3981999507e-3f);
@@ -141,14 +145,15 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp2_parts(float hi, float lo) 
   p = add(mul(p, r), 1.6666665459e-1f);
   p = add(mul(p, r), 5.0000001201e-1f);
   p = add(add(mul(mul(p, r), r), r), 1.0f);
-  const int32_t n1 = n >> 1;  // n in [-151, 129]: both halves are normal exponents
+  const int32_t n1 = n >> 1;  // both halves are normal exponents
   const int32_t n2 = n - n1;
-  const float scaled = mul(mul(p, bits_to_float((n1 + 127) << 23)), bits_to_float((n2 + 127) << 23));
-  const float result = hi > 88.7228394f ? bits_to_float(0x7F800000) : (hi < -103.972084f ? 0.0f : scaled);
+  const float scale1 = bits_to_float(int32_t(uint32_t(n1 + 127) << 23));
+  const float scale2 = bits_to_float(int32_t(uint32_t(n2 + 127) << 23));
+  const float result = mul(mul(p, scale1), scale2);
   return is_nan(hi) ? hi : result;
 }
 
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp(float x) { return exp2_parts(x, 0.0f); }
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp(float x) { return exp_parts<false>(x, 0.0f); }
 
 // exp(z - m) with the subtraction's rounding error carried along (Knuth's
 // two-sum of z and -m), so a large |z - m| costs no accuracy.
@@ -158,7 +163,7 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float softmax_exp(float z, float m) {
   const float b_part = sub(d, z);
   const float a_part = sub(d, b_part);
   const float lo = add(sub(z, a_part), sub(minus_m, b_part));
-  return exp2_parts(d, is_nan(lo) ? 0.0f : lo);
+  return exp_parts<true>(d, is_nan(lo) ? 0.0f : lo);
 }
 
 // log(1 + t) for t in [0, 1] (t = exp(-|z|)): 2 atanh(u) with |u| <= 0.1716,
@@ -219,10 +224,11 @@ JAX_TOPK_HOST_DEVICE inline double butterfly_sum(double (&partial)[kRouteLanes])
   return partial[0];
 }
 
-// A weight from its score: renormalised by the double sum of the chosen
-// scores (or, for a renormalised softmax, of the chosen exp(z - max)), scaled.
+// A weight from its score: numerator / denominator * scale in float32, the
+// denominator being the double sum of the chosen scores (or, for a
+// renormalised softmax, of the chosen exp(z - max)) or the softmax normaliser.
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float weight(float numerator, double denominator, float scale) {
-  return float(mul(div(double(numerator), denominator), double(scale)));
+  return mul(div(numerator, float(denominator)), scale);
 }
 
 }  // namespace route_math
