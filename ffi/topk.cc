@@ -67,7 +67,8 @@ ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Any
   }
   const cudaError_t status =
       cuda::topk_rows(*dtype, x.untyped_data(), values->untyped_data(), indices->typed_data(),
-                      g.rows, g.n, k, workspace->untyped_data(), given, stream);
+                      g.rows, g.n, k, /*lengths=*/nullptr, workspace->untyped_data(), given,
+                      stream);
   if (status != cudaSuccess) {
     return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
   }

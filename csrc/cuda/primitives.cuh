@@ -90,6 +90,52 @@ struct KeyIndexPacking {
 };
 
 // ---------------------------------------------------------------------------
+// Per-row lengths (topk_cuda.h): row r takes part with its first length(r)
+// elements only, and its output slots past min(k, length(r)) hold the dtype's
+// lowest value and index -1. The user's values are clamped here, on the
+// device: the host never sees them.
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int64_t clamp_row_length(int32_t length, int64_t n) {
+  const int64_t len = length;
+  return len < 0 ? 0 : len > n ? n : len;
+}
+
+// What RowLengths::of_loaded reads without lengths: clamps to n.
+__device__ const int32_t kWholeRowLength = 0x7fffffff;
+
+template <typename U>
+struct RowLengths {
+  const int32_t* lengths;  // device, one int32 per row, any value; nullptr: whole rows
+  U pad_bits;              // DTypeTraits<D>::kLowestBits
+
+  // The row's length; no memory access without lengths. For the warp
+  // kernels: they gate their row loads on it, so a load here would sit on
+  // the critical path of every (short-lived) thread.
+  __device__ JAX_TOPK_FORCE_INLINE int64_t of(int64_t row, int64_t n) const {
+    return lengths == nullptr ? n : clamp_row_length(__ldg(lengths + row), n);
+  }
+  // The same as one unconditional load. For the block kernels' row loops,
+  // where a load per row costs nothing but the branch of `of` upsets ptxas's
+  // register allocation (sm_90: up to +27 registers, or spills).
+  __device__ JAX_TOPK_FORCE_INLINE int64_t of_loaded(int64_t row, int64_t n) const {
+    return clamp_row_length(__ldg(lengths != nullptr ? lengths + row : &kWholeRowLength), n);
+  }
+};
+
+// Writes output slot `at` from a packed (key, ~index) value. Packed 0 is below
+// every element, so it is what a slot holds when the row had fewer than k
+// elements (pad entries of sorts, empty lists): it writes the pad value and
+// index -1. Every kernel's output goes through here.
+template <typename U, typename P>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void write_packed_output(P p, KeyCodec<U> codec,
+                                                                   U pad_bits, U* values,
+                                                                   int32_t* indices, int64_t at) {
+  using Pack = KeyIndexPacking<U, P>;
+  const bool real = p != P(0);
+  values[at] = real ? codec.bits(Pack::key(p)) : pad_bits;
+  indices[at] = real ? int32_t(Pack::index(p)) : int32_t(-1);
+}
+
+// ---------------------------------------------------------------------------
 // Shuffles of 32/64/128-bit unsigned integers (as 32-bit words).
 template <typename T, typename WordShuffle>
 __device__ JAX_TOPK_FORCE_INLINE T shuffle_words(T v, WordShuffle shuffle) {

@@ -154,14 +154,23 @@ T* at(void* base, size_t offset) {
 }
 
 // ---------------------------------------------------------------------------
+// The warp kernels' 16-byte layout: rows 16-byte aligned, and whole rows
+// (a vector straddling a row's length would need a per-element test on the
+// whole-row path; with lengths the scalar layout bounds every element).
+template <typename U>
+bool warp_rows_vectorised(const U* x, int64_t n, const RowLengths<U>& lengths) {
+  return lengths.lengths == nullptr && (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
+         ((n * int64_t(sizeof(U))) % 16 == 0);
+}
+
 template <typename U>
 cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                             int64_t k, KeyCodec<U> codec, cudaStream_t stream) {
+                             int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                             cudaStream_t stream) {
   const int lanes = warp_sort_lanes_per_row(n);
   int log2_lanes = 0;
   while ((1 << log2_lanes) < lanes) ++log2_lanes;
-  const bool vectorised =
-      (reinterpret_cast<uintptr_t>(x) % 16 == 0) && ((n * int64_t(sizeof(U))) % 16 == 0);
+  const bool vectorised = warp_rows_vectorised(x, n, lengths);
   const int64_t blocks = (rows * lanes + kWarpSortThreads - 1) / kWarpSortThreads;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   const dim3 grid{unsigned(blocks)};
@@ -169,7 +178,7 @@ cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t ro
 #define JAX_TOPK_WARP_SORT_CASE(K)                                                              \
   case K:                                                                                       \
     warp_sort_topk_kernel<U, K><<<grid, kWarpSortThreads, 0, stream>>>(                         \
-        x, values, indices, rows, int(n), int(k), log2_lanes, vectorised, codec);              \
+        x, values, indices, rows, int(n), int(k), log2_lanes, vectorised, codec, lengths);     \
     break;
   switch (list) {
     JAX_TOPK_WARP_SORT_CASE(1)
@@ -187,14 +196,14 @@ cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t ro
 
 template <typename U>
 cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                               int64_t k, KeyCodec<U> codec, cudaStream_t stream) {
+                               int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                               cudaStream_t stream) {
   constexpr int kVec = int(16 / sizeof(U));
   const int lanes = ws_lanes(n, k);
   int log2_lanes = 0;
   while ((1 << log2_lanes) < lanes) ++log2_lanes;
   const bool two_groups = ws_two_groups(lanes, k);
-  const bool vectorised =
-      (reinterpret_cast<uintptr_t>(x) % 16 == 0) && ((n * int64_t(sizeof(U))) % 16 == 0);
+  const bool vectorised = warp_rows_vectorised(x, n, lengths);
   const int slots = ws_slots(n, lanes, kVec);
   const int capacity = ws_capacity(n);
   const int64_t blocks = (rows * lanes + kWarpSelectThreads - 1) / kWarpSelectThreads;
@@ -206,7 +215,7 @@ cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t 
     if constexpr (E % kVec == 0) {                                                              \
       warp_select_topk_kernel<U, E><<<grid, kWarpSelectThreads, smem, stream>>>(                \
           x, values, indices, rows, int(n), int(k), log2_lanes, two_groups, vectorised,         \
-          capacity, codec);                                                                     \
+          capacity, codec, lengths);                                                            \
       break;                                                                                    \
     } else {                                                                                    \
       return cudaErrorInvalidValue;                                                             \
@@ -227,7 +236,7 @@ cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t 
 // Sorts the unsorted survivors [rows][k] with CUB and writes the outputs.
 template <typename U>
 cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
-                                       KeyCodec<U> codec, U* values, int32_t* indices,
+                                       KeyCodec<U> codec, U pad_bits, U* values, int32_t* indices,
                                        cudaStream_t stream) {
   using P = typename RadixPacked<U>::type;
   const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
@@ -251,7 +260,8 @@ cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t 
   const int64_t count = rows * k;
   int64_t blocks = (count + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  write_sorted_kernel<U><<<unsigned(blocks), 256, 0, stream>>>(sorted, count, codec, values, indices);
+  write_sorted_kernel<U><<<unsigned(blocks), 256, 0, stream>>>(sorted, count, codec, pad_bits, values,
+                                                               indices);
   return cudaGetLastError();
 }
 
@@ -335,8 +345,8 @@ int64_t persistent_row_grid(int per_sm, const DeviceInfo& dev, int64_t rows,
 template <typename U, bool kSortInBlock>
 cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, const U* x,
                                        U* values, int32_t* indices, int64_t rows, int64_t n,
-                                       int64_t k, KeyCodec<U> codec, void* scratch,
-                                       cudaStream_t stream) {
+                                       int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                                       void* scratch, cudaStream_t stream) {
   using P = typename RadixPacked<U>::type;
   auto kernel = radix_topk_row_per_block_kernel<U, kSortInBlock>;
   const size_t smem = kRadixBins * sizeof(uint32_t) + 2 * size_t(plan.candidate_capacity) * sizeof(P) +
@@ -351,7 +361,7 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
   P* survivors_global = kSortInBlock ? nullptr : at<P>(scratch, plan.survivors);
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n),
                                                           int(plan.candidate_capacity), codec,
-                                                          values, indices, survivors_global);
+                                                          lengths, values, indices, survivors_global);
   return cudaGetLastError();
 }
 
@@ -360,7 +370,8 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
 template <typename U, int kR>
 cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                             KeyCodec<U> codec, cudaStream_t stream) {
+                                             KeyCodec<U> codec, RowLengths<U> lengths,
+                                             cudaStream_t stream) {
   auto kernel = threshold_topk_row_per_block_kernel<U, kR>;
   constexpr size_t smem = threshold_smem_bytes(kR);
   int per_sm = 0;
@@ -372,22 +383,23 @@ cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, 
   // longer needed).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
-                                                          values, indices);
+                                                          lengths, values, indices);
   return cudaGetLastError();
 }
 
 template <typename U>
 cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* values,
                                            int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                           KeyCodec<U> codec, cudaStream_t stream) {
+                                           KeyCodec<U> codec, RowLengths<U> lengths,
+                                           cudaStream_t stream) {
   if constexpr (sizeof(U) <= 4) {
     switch (threshold_slots(k, int(sizeof(U)))) {
       case 1:
-        return launch_threshold_row_per_block_r<U, 1>(dev, x, values, indices, rows, n, k, codec, stream);
+        return launch_threshold_row_per_block_r<U, 1>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
       case 2:
-        return launch_threshold_row_per_block_r<U, 2>(dev, x, values, indices, rows, n, k, codec, stream);
+        return launch_threshold_row_per_block_r<U, 2>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
       case 8:
-        return launch_threshold_row_per_block_r<U, 8>(dev, x, values, indices, rows, n, k, codec, stream);
+        return launch_threshold_row_per_block_r<U, 8>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
       default:
         return cudaErrorInvalidValue;
     }
@@ -399,7 +411,7 @@ cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U*
 template <typename U>
 cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                    int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
-                                   void* scratch, cudaStream_t stream) {
+                                   RowLengths<U> lengths, void* scratch, cudaStream_t stream) {
   using P = typename RadixPacked<U>::type;
   RadixSplitScratch<P> s;
   s.state = at<RadixState<P>>(scratch, plan.state);
@@ -411,7 +423,7 @@ cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, cons
   s.candidates = at<P>(scratch, plan.candidates);
   s.candidate_capacity = plan.candidate_capacity;
 
-  radix_split_init_kernel<U><<<unsigned(rows), 256, 0, stream>>>(s, n, k);
+  radix_split_init_kernel<U><<<unsigned(rows), 256, 0, stream>>>(s, n, k, lengths);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const int index_bits = radix_index_bits(n);
@@ -427,14 +439,16 @@ cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, cons
   if (!plan.sort_in_block) return cudaSuccess;  // the caller sorts device-wide
   const size_t smem = size_t(next_pow2(k)) * sizeof(P);
   if ((err = allow_dynamic_smem(dev, sort_survivors_kernel<U>, smem)) != cudaSuccess) return err;
-  sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec, values, indices);
+  sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec,
+                                                                            lengths.pad_bits, values,
+                                                                            indices);
   return cudaGetLastError();
 }
 
 template <typename U>
-cudaError_t run_topk(KeyCodec<U> codec, const U* x, U* values, int32_t* indices, int64_t rows,
-                     int64_t n, int64_t k, void* scratch, size_t scratch_bytes,
-                     cudaStream_t stream) {
+cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* values,
+                     int32_t* indices, int64_t rows, int64_t n, int64_t k, void* scratch,
+                     size_t scratch_bytes, cudaStream_t stream) {
   DeviceInfo dev;
   cudaError_t err = query_device(&dev);
   if (err != cudaSuccess) return err;
@@ -450,27 +464,31 @@ cudaError_t run_topk(KeyCodec<U> codec, const U* x, U* values, int32_t* indices,
     case TopkRegime::kSmallK:
       if constexpr (sizeof(U) <= 4) {
         if (n <= kWarpSelectMaxN) {
-          return launch_warp_select<U>(x, values, indices, rows, n, k, codec, stream);
+          return launch_warp_select<U>(x, values, indices, rows, n, k, codec, lengths, stream);
         }
-        return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, stream);
+        return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, lengths, stream);
       } else {
         return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
       }
     case TopkRegime::kRadixRowPerBlock:
       if (plan.sort_in_block) {
         return launch_radix_row_per_block<U, true>(plan, dev, x, values, indices, rows, n, k, codec,
-                                                   scratch, stream);
+                                                   lengths, scratch, stream);
       }
       err = launch_radix_row_per_block<U, false>(plan, dev, x, values, indices, rows, n, k, codec,
-                                                 scratch, stream);
+                                                 lengths, scratch, stream);
       if (err != cudaSuccess) return err;
-      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
+      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
+                                           indices, stream);
     case TopkRegime::kThresholdRowPerBlock:
-      return launch_threshold_row_per_block<U>(dev, x, values, indices, rows, n, k, codec, stream);
+      return launch_threshold_row_per_block<U>(dev, x, values, indices, rows, n, k, codec, lengths,
+                                               stream);
     case TopkRegime::kRadixSplitRow:
-      err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, scratch, stream);
+      err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, lengths,
+                                      scratch, stream);
       if (err != cudaSuccess || plan.sort_in_block) return err;
-      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, values, indices, stream);
+      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
+                                           indices, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -495,16 +513,17 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k) {
 }
 
 cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
-                      int64_t n, int64_t k, void* scratch, size_t scratch_bytes,
-                      cudaStream_t stream) {
+                      int64_t n, int64_t k, const int32_t* lengths, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream) {
   if (!valid_problem(rows, n, k)) return cudaErrorInvalidValue;
   if (rows == 0 || k == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // stays so for a dtype outside the table
   visit_dtype(dtype, [&](auto traits) {
     using Traits = decltype(traits);
     using U = typename Traits::Bits;
-    err = run_topk<U>(make_key_codec<Traits::kKeyKind, U>(), static_cast<const U*>(x),
-                      static_cast<U*>(values), indices, rows, n, k, scratch, scratch_bytes, stream);
+    err = run_topk<U>(make_key_codec<Traits::kKeyKind, U>(), RowLengths<U>{lengths, Traits::kLowestBits},
+                      static_cast<const U*>(x), static_cast<U*>(values), indices, rows, n, k,
+                      scratch, scratch_bytes, stream);
   });
   return err;
 }

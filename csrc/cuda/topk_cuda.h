@@ -11,8 +11,9 @@
 
 namespace jax_topk::cuda {
 
-// Bytes of device scratch `topk_rows` needs for this problem (may be 0).
-// Pure function of its arguments and the current device's properties.
+// Bytes of device scratch `topk_rows` needs for this problem (may be 0),
+// whatever the lengths. Pure function of its arguments and the current
+// device's properties.
 size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k);
 
 // Top-k along the last axis of a row-major [rows, n] array of `dtype`.
@@ -20,8 +21,16 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k);
 // same dtype) and `indices` their positions (int32), sorted best first by the
 // IEEE total order (ties: lower index first). Enqueued on `stream`; returns the
 // launch error if any. Requires 0 <= k <= n < 2^31; rows or k may be 0.
+//
+// `lengths`: a DEVICE array of one int32 per row, or null (every row whole).
+// Its values may be anything; the kernels clamp each to L = min(max(v, 0), n)
+// (the sequence-mask rule: only elements [0, L) of the row take part). Slots
+// j < min(k, L) then hold the best of that prefix, and slots j >= min(k, L)
+// the dtype's lowest value (DTypeTraits::kLowestBits) and index -1: the same
+// as cpu::topk_rows with the clamped lengths. The kernel is still chosen from
+// (rows, n, k).
 cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
-                      int64_t rows, int64_t n, int64_t k, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream);
+                      int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace jax_topk::cuda

@@ -26,6 +26,13 @@
 // split over several blocks, one launch per digit field; block histograms are
 // summed into a global histogram with atomics (order-free integer sums) and
 // the last block to finish chooses the digit for everyone.
+//
+// Per-row lengths: a row of length len < n is selected as a row of len
+// elements, taking min(k, len): the state's source_count holds len while the
+// scans read the row (one place, not a register live through the loop), and
+// index_bits still follow n (more index bits than needed is harmless). The
+// survivor slots past those are set to 0, which sorts below every element and
+// is written out as padding.
 #pragma once
 
 #include "cuda/primitives.cuh"
@@ -107,7 +114,7 @@ struct RadixState {
   uint32_t tied;          // how many tied elements there are (k_left <= tied)
   int done;               // take every tied element: selection = {prefix, field >= digit}
   int source;             // what the next scan reads: -1 the row, 0/1 a candidate buffer
-  uint32_t source_count;  // elements in that candidate buffer
+  uint32_t source_count;  // elements it reads: the row's length, or the buffer's count
   int compact_to;         // -1, or the candidate buffer the next scan copies tied elements to
 };
 
@@ -122,7 +129,7 @@ JAX_TOPK_HOST_DEVICE inline RadixState<P> radix_initial_state(int key_bits, int6
   s.tied = uint32_t(n);
   s.done = k == n;
   s.source = -1;
-  s.source_count = 0;
+  s.source_count = uint32_t(n);  // the row's length: scans read it from here
   s.compact_to = (!s.done && n <= candidate_capacity) ? 0 : -1;
   return s;
 }
@@ -247,20 +254,26 @@ __device__ JAX_TOPK_FORCE_INLINE void radix_scan_buffer(const P* buf, int64_t be
   }
 }
 
-// Sorts the k survivors in shared memory s (room for next_pow2(k)) and writes
-// them out best first. All threads call it.
+// Sorts the k survivors in shared memory s (room for next_pow2(k); entries
+// 0 are padding) and writes them out best first. All threads call it.
 template <typename U, typename P>
-__device__ void sort_and_write_survivors(P* s, int k, KeyCodec<U> codec, U* values_row,
-                                         int32_t* indices_row) {
-  using Pack = KeyIndexPacking<U, P>;
+__device__ void sort_and_write_survivors(P* s, int k, KeyCodec<U> codec, U pad_bits,
+                                         U* values_row, int32_t* indices_row) {
   const int count = int(next_pow2(k));
   for (int i = k + int(threadIdx.x); i < count; i += int(blockDim.x)) s[i] = P(0);
   block_bitonic_sort_desc(s, count);
+  // A few iterations at most (k <= 4096): unrolling them only adds registers.
+#pragma unroll 1
   for (int j = int(threadIdx.x); j < k; j += int(blockDim.x)) {
-    const P p = s[j];
-    values_row[j] = codec.bits(Pack::key(p));
-    indices_row[j] = int32_t(Pack::index(p));
+    write_packed_output(s[j], codec, pad_bits, values_row, indices_row, j);
   }
+}
+
+// Survivor slots [taken, k) of a row shorter than k: 0, the padding value
+// (below every element, so sorts put it last). All threads call it.
+template <typename P>
+__device__ JAX_TOPK_FORCE_INLINE void pad_survivors(P* survivors, int64_t taken, int64_t k) {
+  for (int64_t i = taken + threadIdx.x; i < k; i += blockDim.x) survivors[i] = P(0);
 }
 
 // ---------------------------------------------------------------------------
@@ -274,7 +287,8 @@ struct RadixBlockShared {
   RadixChoice choice_slot;
 };
 
-// The whole radix selection of ONE row by one block (all threads call it):
+// The whole radix selection of ONE row of length len by one block (all
+// threads call it): the best min(k, len) elements, then padding up to k.
 // hist has kRadixBins u32, candidates 2 * candidate_capacity P, and the
 // survivors go to `survivors` (shared memory with room for next_pow2(k) when
 // kSortInBlock, then sorted and written to values_row/indices_row; else a
@@ -282,8 +296,8 @@ struct RadixBlockShared {
 // barrier, so the caller may reuse every buffer right after. Also the
 // fallback of the threshold kernels (topk_threshold.cuh).
 template <typename U, bool kSortInBlock>
-__device__ void radix_select_row_in_block(const U* in, int64_t n, int64_t k, int index_bits,
-                                          int candidate_capacity, KeyCodec<U> codec,
+__device__ void radix_select_row_in_block(const U* in, int64_t len, int64_t k, int index_bits,
+                                          int candidate_capacity, KeyCodec<U> codec, U pad_bits,
                                           uint32_t* hist, typename RadixPacked<U>::type* candidates,
                                           typename RadixPacked<U>::type* survivors,
                                           RadixBlockShared<typename RadixPacked<U>::type>& sh,
@@ -292,7 +306,7 @@ __device__ void radix_select_row_in_block(const U* in, int64_t n, int64_t k, int
   constexpr int kKeyBits = int(sizeof(U) * 8);
   __syncthreads();
   if (threadIdx.x == 0) {
-    sh.state = radix_initial_state<P>(kKeyBits, n, k, candidate_capacity);
+    sh.state = radix_initial_state<P>(kKeyBits, len, len < k ? len : k, candidate_capacity);
     sh.survivor_count = 0;
     sh.candidate_count[0] = sh.candidate_count[1] = 0;
   }
@@ -315,7 +329,7 @@ __device__ void radix_select_row_in_block(const U* in, int64_t n, int64_t k, int
     sinks.candidate_count = &sh.candidate_count[st.compact_to >= 0 ? st.compact_to : 0];
     sinks.candidate_capacity = uint32_t(candidate_capacity);
     if (st.source < 0) {
-      radix_scan_row(in, 0, n, codec, st, next, gather, sinks);
+      radix_scan_row(in, 0, int64_t(st.source_count), codec, st, next, gather, sinks);
     } else {
       radix_scan_buffer(candidates + st.source * candidate_capacity, 0, st.source_count, st,
                         next, gather, sinks);
@@ -330,8 +344,9 @@ __device__ void radix_select_row_in_block(const U* in, int64_t n, int64_t k, int
     }
     __syncthreads();
   }
+  pad_survivors(survivors, sh.survivor_count, k);  // all taken: min(k, len)
   if constexpr (kSortInBlock) {
-    sort_and_write_survivors(survivors, int(k), codec, values_row, indices_row);
+    sort_and_write_survivors(survivors, int(k), codec, pad_bits, values_row, indices_row);
   }
   __syncthreads();  // shared state is reused by the caller
 }
@@ -344,7 +359,8 @@ template <typename U, bool kSortInBlock>
 __global__ void __launch_bounds__(kRadixThreads)
     radix_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k,
                                     int index_bits, int candidate_capacity, KeyCodec<U> codec,
-                                    U* __restrict__ values, int32_t* __restrict__ indices,
+                                    RowLengths<U> lengths, U* __restrict__ values,
+                                    int32_t* __restrict__ indices,
                                     typename RadixPacked<U>::type* survivors_global) {
   using P = typename RadixPacked<U>::type;
   extern __shared__ uint4 radix_smem[];  // uint4: 16-byte alignment for u128
@@ -354,9 +370,10 @@ __global__ void __launch_bounds__(kRadixThreads)
   __shared__ RadixBlockShared<P> sh;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     P* survivors = kSortInBlock ? survivors_shared : survivors_global + row * k;
-    radix_select_row_in_block<U, kSortInBlock>(x + row * n, n, k, index_bits, candidate_capacity,
-                                               codec, hist, candidates, survivors, sh,
-                                               values + row * k, indices + row * k);
+    radix_select_row_in_block<U, kSortInBlock>(x + row * n, lengths.of_loaded(row, n), k, index_bits,
+                                               candidate_capacity, codec, lengths.pad_bits, hist,
+                                               candidates, survivors, sh, values + row * k,
+                                               indices + row * k);
   }
 }
 
@@ -377,12 +394,15 @@ struct RadixSplitScratch {
 template <typename U>
 __global__ void __launch_bounds__(256)
     radix_split_init_kernel(RadixSplitScratch<typename RadixPacked<U>::type> s, int64_t n,
-                            int64_t k) {
+                            int64_t k, RowLengths<U> lengths) {
   using P = typename RadixPacked<U>::type;
   const int64_t row = blockIdx.x;
+  const int64_t len = lengths.of_loaded(row, n);
+  const int64_t take = len < k ? len : k;
   for (int b = int(threadIdx.x); b < kRadixBins; b += int(blockDim.x)) s.hist[row * kRadixBins + b] = 0;
+  pad_survivors(s.survivors + row * k, take, k);
   if (threadIdx.x == 0) {
-    s.state[row] = radix_initial_state<P>(int(sizeof(U) * 8), n, k, s.candidate_capacity);
+    s.state[row] = radix_initial_state<P>(int(sizeof(U) * 8), len, take, s.candidate_capacity);
     s.arrivals[row] = 0;
     s.survivor_count[row] = 0;
     s.candidate_count[2 * row] = s.candidate_count[2 * row + 1] = 0;
@@ -428,7 +448,7 @@ __global__ void __launch_bounds__(kRadixThreads)
                          : nullptr;
   sinks.candidate_count = &s.candidate_count[2 * row + (st.compact_to >= 0 ? st.compact_to : 0)];
   sinks.candidate_capacity = uint32_t(s.candidate_capacity);
-  const int64_t total = st.source < 0 ? n : int64_t(st.source_count);
+  const int64_t total = st.source_count;  // the row's length or the candidates
   const int64_t begin = total * part / parts;
   const int64_t end = total * (part + 1) / parts;
   if (st.source < 0) {
@@ -469,27 +489,24 @@ __global__ void __launch_bounds__(kRadixThreads)
 template <typename U>
 __global__ void __launch_bounds__(kRadixThreads)
     sort_survivors_kernel(const typename RadixPacked<U>::type* __restrict__ survivors, int64_t k,
-                          KeyCodec<U> codec, U* __restrict__ values, int32_t* __restrict__ indices) {
+                          KeyCodec<U> codec, U pad_bits, U* __restrict__ values,
+                          int32_t* __restrict__ indices) {
   using P = typename RadixPacked<U>::type;
   extern __shared__ uint4 sort_smem[];
   P* s = reinterpret_cast<P*>(sort_smem);
   const int64_t row = blockIdx.x;
   for (int i = int(threadIdx.x); i < k; i += int(blockDim.x)) s[i] = survivors[row * k + i];
-  sort_and_write_survivors(s, int(k), codec, values + row * k, indices + row * k);
+  sort_and_write_survivors(s, int(k), codec, pad_bits, values + row * k, indices + row * k);
 }
 
-// Writes sorted packed values out as (bits, index).
+// Writes sorted packed values out as (bits, index), 0 as padding.
 template <typename U>
 __global__ void write_sorted_kernel(const typename RadixPacked<U>::type* __restrict__ sorted,
-                                    int64_t count, KeyCodec<U> codec, U* __restrict__ values,
-                                    int32_t* __restrict__ indices) {
-  using P = typename RadixPacked<U>::type;
-  using Pack = KeyIndexPacking<U, P>;
+                                    int64_t count, KeyCodec<U> codec, U pad_bits,
+                                    U* __restrict__ values, int32_t* __restrict__ indices) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const P p = sorted[i];
-    values[i] = codec.bits(Pack::key(p));
-    indices[i] = int32_t(Pack::index(p));
+    write_packed_output(sorted[i], codec, pad_bits, values, indices, i);
   }
 }
 

@@ -23,6 +23,11 @@
 // G < the number of elements, heavy ties beyond the groups' reach -- runs the
 // radix select of topk_radix.cuh for that row, in the same block and the same
 // shared memory. Always correct, slower.
+//
+// Per-row lengths: both reads walk the row's first len elements only. A row
+// shorter than k has fewer than k non-empty groups, so T = 0 and all of its
+// len elements are candidates; the sort's 0 pads then fill the slots past
+// them, written as padding.
 #pragma once
 
 #include "cuda/primitives.cuh"
@@ -184,7 +189,8 @@ template <typename U, int kR>
 __global__ void __launch_bounds__(kRadixThreads)
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
                                         int64_t k, int index_bits, KeyCodec<U> codec,
-                                        U* __restrict__ values, int32_t* __restrict__ indices) {
+                                        RowLengths<U> lengths, U* __restrict__ values,
+                                        int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
@@ -200,11 +206,14 @@ __global__ void __launch_bounds__(kRadixThreads)
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const U* in = x + row * n;
+    // 32 bits (n < 2^31): one register less through both walks (sm_100
+    // spilled with a 64-bit length).
+    const int len = int(lengths.of_loaded(row, n));
     // 1. Group maxima (packed; 0 for empty groups and invalid calls).
     P m[kR];
 JAX_TOPK_UNROLL
     for (int r = 0; r < kR; ++r) m[r] = 0;
-    walk_row_pos<U, kUnroll>(in, n, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int pos) {
+    walk_row_pos<U, kUnroll>(in, len, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int pos) {
       const P e = valid ? Pack::pack(codec.key(bits), uint32_t(i)) : P(0);
       m[pos % kR] = max_of(m[pos % kR], e);
     });
@@ -215,7 +224,7 @@ JAX_TOPK_UNROLL
     // 2. T = the k-th largest maximum.
     const P t = block_kth_largest<kRadixThreads>(a, kG, uint32_t(k), hist, ts);
     // 3. Candidates >= T (at least k of them).
-    walk_row_pos<U, kUnroll>(in, n, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int) {
+    walk_row_pos<U, kUnroll>(in, len, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int) {
       const P e = Pack::pack(codec.key(bits), uint32_t(i));
       const bool take = valid && e >= t;
       const uint32_t slot = reserve_slot(&ts.candidates, take);
@@ -224,25 +233,22 @@ JAX_TOPK_UNROLL
     __syncthreads();
     const uint32_t c = ts.candidates;
     if (c <= uint32_t(kG)) {  // uniform
-      // 4. Sort them, write the first k.
-      const int count = int(next_pow2(int64_t(c)));
+      // 4. Sort them, write the first k (c < k only in a row shorter than k:
+      // the pads past c are written as padding).
+      const int count = int(next_pow2(int64_t(c < k ? k : c)));
       for (int i = int(c) + tid; i < count; i += kRadixThreads) a[i] = 0;
       block_bitonic_sort_desc(a, count);
-      U* vrow = values + row * k;
-      int32_t* irow = indices + row * k;
       for (int j = tid; j < k; j += kRadixThreads) {
-        const P p = a[j];
-        vrow[j] = codec.bits(Pack::key(p));
-        irow[j] = int32_t(Pack::index(p));
+        write_packed_output(a[j], codec, lengths.pad_bits, values, indices, row * k + j);
       }
     } else {
       // Too many candidates: radix select of the row in this block. Room:
       // next_pow2(k) <= kG survivors, the rest split into two candidate buffers.
       const int survivors = int(next_pow2(k));
       const int capacity = (kG - survivors) / 2;
-      radix_select_row_in_block<U, true>(in, n, k, index_bits, capacity, codec, hist,
-                                         a + survivors, a, rs, values + row * k,
-                                         indices + row * k);
+      radix_select_row_in_block<U, true>(in, len, k, index_bits, capacity, codec,
+                                         lengths.pad_bits, hist, a + survivors, a, rs,
+                                         values + row * k, indices + row * k);
     }
     __syncthreads();  // shared memory is reused by the next row
   }

@@ -13,6 +13,12 @@
 // lane whose k-th best is t holds k values >= t, so nothing below t can be in
 // the row's top k; the true top k is never pruned and always fits in the
 // list of its own lane, so the merge sees all of it.
+//
+// Per-row lengths: the row's length bounds the loads (positions past it load
+// as 0, below every element, and never pass the pruning test); list entries
+// still 0 at the end are written as padding. With lengths the host picks the
+// scalar layout (a vector straddling the length would need a per-element test
+// on the whole-row path).
 #pragma once
 
 #include "cuda/primitives.cuh"
@@ -31,9 +37,10 @@ struct WarpSortPacked {
 };
 
 // Loads the it-th chunk of kElems values of this lane as packed values (0 for
-// positions past the row). Vector path: lane l reads whole 16-byte vectors,
-// consecutive lanes consecutive vectors. Scalar path (rows not 16-byte
-// aligned): consecutive lanes read consecutive elements. Either way every
+// positions past the row's length n; the vector path needs n a multiple of
+// the vector). Vector path: lane l reads whole 16-byte vectors, consecutive
+// lanes consecutive vectors. Scalar path (rows not 16-byte aligned, or rows
+// with lengths): consecutive lanes read consecutive elements. Either way every
 // element of the row lands in exactly one (iteration, lane, slot).
 template <typename U, typename P, int kElems>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void load_packed_chunk(const U* __restrict__ row, int n,
@@ -132,9 +139,9 @@ template <typename U, int K>
 __global__ void __launch_bounds__(kWarpSortThreads)
     warp_sort_topk_kernel(const U* __restrict__ x, U* __restrict__ values,
                           int32_t* __restrict__ indices, int64_t rows, int n, int k,
-                          int log2_lanes, bool vectorised, KeyCodec<U> codec) {
+                          int log2_lanes, bool vectorised, KeyCodec<U> codec,
+                          RowLengths<U> lengths) {
   using P = typename WarpSortPacked<U>::type;
-  using Pack = KeyIndexPacking<U, P>;
   constexpr int kVec = int(16 / sizeof(U));
   constexpr int kElems = K > kVec ? K : kVec;  // values loaded per lane per iteration
 
@@ -144,6 +151,7 @@ __global__ void __launch_bounds__(kWarpSortThreads)
   const int lane = int(threadIdx.x) & (lanes - 1);
   const bool row_valid = row < rows;  // lanes past the last row still join the shuffles
   const U* in = x + (row_valid ? row : 0) * int64_t(n);
+  const int len = row_valid ? int(lengths.of(row, n)) : 0;  // == n when vectorised
 
   P list[K];
 JAX_TOPK_UNROLL
@@ -151,14 +159,15 @@ JAX_TOPK_UNROLL
   P prune = P(0);  // values at or below it are not in the row's top k (see top)
 
   const int per_iteration = lanes * kElems;
-  const int iterations = (n + per_iteration - 1) / per_iteration;  // same for the whole warp
+  // From n, not len: the same for the whole warp (shuffles below).
+  const int iterations = (n + per_iteration - 1) / per_iteration;
   if (lanes == kWarpSize && iterations > 1) {
     // A first, cheap pass (the second one mostly hits L1/L2): lane maxima give
     // a threshold that lets the main pass skip nearly every sort and merge.
     P lane_max = P(0);
     for (int it = 0; it < iterations; ++it) {
       P chunk[kElems];
-      load_packed_chunk<U, P, kElems>(in, n, vectorised, it, lane, lanes, row_valid, codec, chunk);
+      load_packed_chunk<U, P, kElems>(in, len, vectorised, it, lane, lanes, row_valid, codec, chunk);
 JAX_TOPK_UNROLL
       for (int i = 0; i < kElems; ++i) lane_max = max_of(lane_max, chunk[i]);
     }
@@ -166,7 +175,7 @@ JAX_TOPK_UNROLL
   }
   for (int it = 0; it < iterations; ++it) {
     P chunk[kElems];
-    load_packed_chunk<U, P, kElems>(in, n, vectorised, it, lane, lanes, row_valid, codec, chunk);
+    load_packed_chunk<U, P, kElems>(in, len, vectorised, it, lane, lanes, row_valid, codec, chunk);
     absorb_chunk<K, kElems>(list, chunk, prune);
     if (iterations > 1) prune = max_of(prune, group_max(select_at(list, k - 1), lanes));
   }
@@ -182,9 +191,7 @@ JAX_TOPK_UNROLL
   if (!row_valid) return;
   const int64_t out_base = row * int64_t(k);
   for (int j = lane; j < k; j += lanes) {
-    const P p = select_at(list, j);
-    values[out_base + j] = codec.bits(Pack::key(p));
-    indices[out_base + j] = int32_t(Pack::index(p));
+    write_packed_output(select_at(list, j), codec, lengths.pad_bits, values, indices, out_base + j);
   }
 }
 

@@ -27,6 +27,13 @@
 //
 // Deterministic: candidate order in shared memory depends only on the layout,
 // and ranks of distinct packed values are unique.
+//
+// Per-row lengths: the row's length `len` replaces n as the bound of the valid
+// slots (the slot layout still follows n). A row shorter than k has fewer than
+// k candidates (T is an empty group's 0, so all its elements are), and the
+// slots past them are written as padding. With lengths the host picks the
+// scalar layout: a 16-byte vector straddling `len` would need a per-element
+// mask on the whole-row path.
 #pragma once
 
 #include "cuda/primitives.cuh"
@@ -45,7 +52,8 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_slot_index(int s, int gl, int 
   return vectorised ? ((s / vec) * L + gl) * vec + (s % vec) : s * L + gl;
 }
 
-// Valid slots of lane gl: always a prefix [0, result) of its E slots.
+// Valid slots of lane gl for a row of length n (the vector layout needs n a
+// multiple of vec): always a prefix [0, result) of its E slots.
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_valid_slots(int n, int gl, int log2_lanes,
                                                              int vec, bool vectorised, int E) {
   const int L = 1 << log2_lanes;
@@ -93,7 +101,8 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE WsMask<E> ws_prefix_mask(int count) {
   return count >= kBits ? ~M(0) : ((M(1) << count) - M(1));
 }
 
-// Loads lane gl's E slots as ordered keys. Invalid slots load the bits whose
+// Loads lane gl's E slots of a row of length n (for the vector layout a
+// multiple of the vector) as ordered keys. Invalid slots load the bits whose
 // key is 0, so they never raise a maximum (callers mask them out of the
 // candidates with the valid-slot prefix).
 template <typename U, int E>
@@ -308,7 +317,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     warp_select_topk_kernel(const U* __restrict__ x, U* __restrict__ values,
                             int32_t* __restrict__ indices, int64_t rows, int n, int k,
                             int log2_lanes, bool two_groups, bool vectorised, int capacity,
-                            KeyCodec<U> codec) {
+                            KeyCodec<U> codec, RowLengths<U> lengths) {
   using M = WsMask<E>;
   constexpr int kVec = int(16 / sizeof(U));
   extern __shared__ uint64_t ws_smem[];
@@ -324,9 +333,11 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
   const int seg_stride = capacity + 1;  // +1: rows of one warp start in different banks
   uint64_t* seg = ws_smem + int64_t(threadIdx.x >> log2_lanes) * seg_stride;
 
+  const int len = row_valid ? int(lengths.of(row, n)) : 0;  // == n when vectorised
+
   uint32_t key[E];
-  ws_load_keys<U, E>(in, n, vectorised, gl, L, row_valid, codec, key);
-  const int valid_slots = row_valid ? ws_valid_slots(n, gl, log2_lanes, kVec, vectorised, E) : 0;
+  ws_load_keys<U, E>(in, len, vectorised, gl, L, row_valid, codec, key);
+  const int valid_slots = row_valid ? ws_valid_slots(len, gl, log2_lanes, kVec, vectorised, E) : 0;
   const M valid_mask = ws_prefix_mask<E>(valid_slots);
 
   // Tier 1: threshold on keys.
@@ -356,16 +367,16 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     offset = group_scan(ws_popc(cand), &total);
     overflow = __any_sync(kFullWarpMask, total > capacity);
   }
+  const int64_t out = row * int64_t(k);
   if (overflow) {
-    // Tier 3: k rounds of a group argmax.
+    // Tier 3: k rounds of a group argmax (0 once a short row runs out: padding).
     uint64_t prev = 0;
     for (int r = 0; r < k; ++r) {
       uint64_t best = ws_best_below(key, gl, L, kVec, vectorised, valid_slots, prev, r == 0);
       for (int m = 1; m < L; m *= 2) best = max_of(best, shfl_xor_wide(best, m));
       prev = best;
       if (row_valid && gl == 0) {
-        values[row * k + r] = codec.bits(U(best >> 32));
-        indices[row * k + r] = int32_t(~uint32_t(best));
+        write_packed_output(best, codec, lengths.pad_bits, values, indices, out + r);
       }
     }
     return;
@@ -381,16 +392,21 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
   }
   __syncwarp();
   if (!row_valid) return;
-  const int64_t out = row * int64_t(k);
-  for (int j = gl; j < total; j += L) {
-    const uint64_t p = seg[j];
-    int rank = 0;
+  // Candidate j writes itself at its rank. Fewer candidates than k only in a
+  // row shorter than k (all its elements are candidates): the same loop
+  // writes its slots [total, k) as padding (packed 0 at slot j), which costs
+  // fewer registers than a loop of its own.
+  const int slots = total > k ? total : k;
+  for (int j = gl; j < slots; j += L) {
+    uint64_t p = 0;
+    int rank = j;
+    if (j < total) {
+      p = seg[j];
+      rank = 0;
 #pragma unroll 4
-    for (int i = 0; i < total; ++i) rank += seg[i] > p ? 1 : 0;
-    if (rank < k) {
-      values[out + rank] = codec.bits(U(p >> 32));
-      indices[out + rank] = int32_t(~uint32_t(p));
+      for (int i = 0; i < total; ++i) rank += seg[i] > p ? 1 : 0;
     }
+    if (rank < k) write_packed_output(p, codec, lengths.pad_bits, values, indices, out + rank);
   }
 }
 #endif  // __CUDACC__

@@ -4,12 +4,16 @@
 // field schedule and state machine) in a sequential emulation of the lanes /
 // threads, and compares with a plain oracle. It does NOT exercise warp
 // collectives, atomics, barriers or memory traffic: topk_selftest does that
-// on a GPU. Build and run from the repository root:
+// on a GPU. Every algorithm also runs with a per-row length `len` < n (the
+// row's first len elements take part; output slots past min(k, len) are
+// padding, written by write_packed_output as the kernels do). Build and run
+// from the repository root:
 //
 //   nvcc -std=c++17 -O2 --expt-relaxed-constexpr -Icsrc/include -Icsrc csrc/cuda/tests/topk_host_sim.cu -o topk_host_sim && ./topk_host_sim
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -29,16 +33,53 @@ namespace {
 
 int g_failed = 0, g_passed = 0;
 
+using Outputs = std::vector<std::pair<uint64_t, int32_t>>;  // (value bits, index) per slot
+
+// The value output slots past a row's length hold: the lowest value of a
+// dtype of this key kind and width (any marker would do for the simulation).
 template <KeyKind Kind, typename U>
-std::vector<std::pair<U, int32_t>> oracle(const std::vector<U>& row, int64_t k) {
-  const int64_t n = int64_t(row.size());
-  std::vector<int32_t> order(static_cast<size_t>(n));
+constexpr U sim_pad_bits() {
+  if constexpr (Kind == KeyKind::kFloat) {
+    return sizeof(U) == 8 ? U(DTypeTraits<DType::float64>::kLowestBits)
+           : sizeof(U) == 4 ? U(DTypeTraits<DType::float32>::kLowestBits)
+                            : U(DTypeTraits<DType::bfloat16>::kLowestBits);
+  } else if constexpr (Kind == KeyKind::kSigned) {
+    return kSignBit<U>;
+  } else {
+    return U(0);
+  }
+}
+
+// The best min(k, len) of row[0, len), then (pad, -1) up to k.
+template <KeyKind Kind, typename U>
+Outputs oracle(const std::vector<U>& row, int64_t len, int64_t k) {
+  std::vector<int32_t> order(static_cast<size_t>(len));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return ordered_key<Kind>(row[size_t(a)]) > ordered_key<Kind>(row[size_t(b)]);
   });
-  std::vector<std::pair<U, int32_t>> out;
-  for (int64_t j = 0; j < k; ++j) out.push_back({row[size_t(order[size_t(j)])], order[size_t(j)]});
+  Outputs out;
+  for (int64_t j = 0; j < k; ++j) {
+    if (j < len) {
+      out.push_back({uint64_t(row[size_t(order[size_t(j)])]), order[size_t(j)]});
+    } else {
+      out.push_back({uint64_t(sim_pad_bits<Kind, U>()), -1});
+    }
+  }
+  return out;
+}
+
+// Output slots [0, k) as the kernels write them from packed values.
+template <KeyKind Kind, typename U, typename P>
+Outputs write_outputs(const std::vector<P>& slots, int64_t k) {
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  std::vector<U> values(size_t(k) + 1);
+  std::vector<int32_t> indices(size_t(k) + 1);
+  for (int64_t j = 0; j < k; ++j) {
+    write_packed_output(slots[size_t(j)], codec, sim_pad_bits<Kind, U>(), values.data(), indices.data(), j);
+  }
+  Outputs out;
+  for (int64_t j = 0; j < k; ++j) out.push_back({uint64_t(values[size_t(j)]), indices[size_t(j)]});
   return out;
 }
 
@@ -59,21 +100,22 @@ std::vector<U> make_row(std::mt19937_64& rng, int64_t n, int pattern) {
 }
 
 template <typename U>
-void report(bool ok, const char* what, int64_t n, int64_t k, int pattern, int extra) {
+void report(bool ok, const char* what, int64_t n, int64_t k, int pattern, int extra,
+            int64_t len = -1) {
   if (ok) {
     ++g_passed;
   } else {
     ++g_failed;
-    std::printf("FAIL %s bytes=%d n=%lld k=%lld pattern=%d extra=%d\n", what, int(sizeof(U)),
-                (long long)n, (long long)k, pattern, extra);
+    std::printf("FAIL %s bytes=%d n=%lld k=%lld pattern=%d extra=%d len=%lld\n", what,
+                int(sizeof(U)), (long long)n, (long long)k, pattern, extra,
+                (long long)(len < 0 ? n : len));
   }
 }
 
 // ---- warp sort: lanes emulated one after another --------------------------
 template <KeyKind Kind, typename U, int K>
-bool sim_warp_sort(const std::vector<U>& row, int64_t k, bool vectorised) {
+bool sim_warp_sort(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised) {
   using P = typename WarpSortPacked<U>::type;
-  using Pack = KeyIndexPacking<U, P>;
   constexpr int kVec = int(16 / sizeof(U));
   constexpr int kElems = K > kVec ? K : kVec;
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
@@ -88,7 +130,7 @@ bool sim_warp_sort(const std::vector<U>& row, int64_t k, bool vectorised) {
     for (int it = 0; it < iterations; ++it) {
       for (int lane = 0; lane < lanes; ++lane) {
         P chunk[kElems];
-        load_packed_chunk<U, P, kElems>(row.data(), n, vectorised, it, lane, lanes, true, codec, chunk);
+        load_packed_chunk<U, P, kElems>(row.data(), int(len), vectorised, it, lane, lanes, true, codec, chunk);
         for (int i = 0; i < kElems; ++i) maxima[size_t(lane)] = std::max(maxima[size_t(lane)], chunk[i]);
       }
     }
@@ -99,7 +141,7 @@ bool sim_warp_sort(const std::vector<U>& row, int64_t k, bool vectorised) {
   for (int it = 0; it < iterations; ++it) {
     for (int lane = 0; lane < lanes; ++lane) {
       P chunk[kElems];
-      load_packed_chunk<U, P, kElems>(row.data(), n, vectorised, it, lane, lanes, true, codec, chunk);
+      load_packed_chunk<U, P, kElems>(row.data(), int(len), vectorised, it, lane, lanes, true, codec, chunk);
       P list[K];
       std::copy(lists[size_t(lane)].begin(), lists[size_t(lane)].end(), list);
       absorb_chunk<K, kElems>(list, chunk, prune);
@@ -129,25 +171,18 @@ bool sim_warp_sort(const std::vector<U>& row, int64_t k, bool vectorised) {
   for (int lane = 1; lane < lanes; ++lane) {
     if (lists[size_t(lane)] != lists[0]) return false;
   }
-  const auto want = oracle<Kind>(row, k);
-  for (int64_t j = 0; j < k; ++j) {
-    const P p = lists[0][size_t(j)];
-    if (codec.bits(Pack::key(p)) != want[size_t(j)].first || int32_t(Pack::index(p)) != want[size_t(j)].second) {
-      return false;
-    }
-  }
-  return true;
+  return write_outputs<Kind, U>(lists[0], k) == oracle<Kind>(row, len, k);
 }
 
 template <KeyKind Kind, typename U>
-bool sim_warp_sort_any(const std::vector<U>& row, int64_t k, bool vectorised) {
+bool sim_warp_sort_any(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised) {
   switch (next_pow2(k)) {
-    case 1: return sim_warp_sort<Kind, U, 1>(row, k, vectorised);
-    case 2: return sim_warp_sort<Kind, U, 2>(row, k, vectorised);
-    case 4: return sim_warp_sort<Kind, U, 4>(row, k, vectorised);
-    case 8: return sim_warp_sort<Kind, U, 8>(row, k, vectorised);
-    case 16: return sim_warp_sort<Kind, U, 16>(row, k, vectorised);
-    case 32: return sim_warp_sort<Kind, U, 32>(row, k, vectorised);
+    case 1: return sim_warp_sort<Kind, U, 1>(row, len, k, vectorised);
+    case 2: return sim_warp_sort<Kind, U, 2>(row, len, k, vectorised);
+    case 4: return sim_warp_sort<Kind, U, 4>(row, len, k, vectorised);
+    case 8: return sim_warp_sort<Kind, U, 8>(row, len, k, vectorised);
+    case 16: return sim_warp_sort<Kind, U, 16>(row, len, k, vectorised);
+    case 32: return sim_warp_sort<Kind, U, 32>(row, len, k, vectorised);
   }
   return false;
 }
@@ -157,8 +192,8 @@ bool sim_warp_sort_any(const std::vector<U>& row, int64_t k, bool vectorised) {
 // candidate masks, tiers and ranking; `capacity` forces the fallback tiers.
 // tier_out: 1, 2 or 3, the tier that produced the answer.
 template <KeyKind Kind, typename U, int E>
-bool sim_warp_select_e(const std::vector<U>& row, int64_t k, bool vectorised, int capacity,
-                       int* tier_out) {
+bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised,
+                       int capacity, int* tier_out) {
   using M = WsMask<E>;
   constexpr int kVec = int(16 / sizeof(U));
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
@@ -171,17 +206,18 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t k, bool vectorised, in
   std::vector<M> vmask(static_cast<size_t>(L));
   for (int gl = 0; gl < L; ++gl) {
     uint32_t key[E];
-    ws_load_keys<U, E>(row.data(), n, vectorised, gl, L, true, codec, key);
+    ws_load_keys<U, E>(row.data(), int(len), vectorised, gl, L, true, codec, key);
     std::copy(key, key + E, keys[size_t(gl)].begin());
     int log2_lanes = 0;
     while ((1 << log2_lanes) < L) ++log2_lanes;
-    nvalid[size_t(gl)] = ws_valid_slots(n, gl, log2_lanes, kVec, vectorised, E);
+    nvalid[size_t(gl)] = ws_valid_slots(int(len), gl, log2_lanes, kVec, vectorised, E);
     vmask[size_t(gl)] = ws_prefix_mask<E>(nvalid[size_t(gl)]);
-    // Every valid slot maps to a distinct in-range index; invalid slots hold key 0.
+    // Valid slots are exactly the lane's indices below len; invalid slots hold key 0.
     for (int s = 0; s < E; ++s) {
       const int i = ws_slot_index(s, gl, L, kVec, vectorised);
+      if ((s < nvalid[size_t(gl)]) != (i < len)) return false;
       if (s < nvalid[size_t(gl)]) {
-        if (i >= n || key[s] != uint32_t(codec.key(row[size_t(i)]))) return false;
+        if (key[s] != uint32_t(codec.key(row[size_t(i)]))) return false;
       } else if (key[s] != 0) {
         return false;
       }
@@ -263,11 +299,21 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t k, bool vectorised, in
         seg.push_back(ws_pack(uint32_t(codec.key(row[i])), i));
       }
     }
-    if (int64_t(seg.size()) < k) return false;
+    // Fewer candidates than k only when the row is shorter than k, and
+    // then every element of it is one.
+    const int64_t total = int64_t(seg.size());
+    if (total < std::min(k, len) || (total < k && total != len)) return false;
+    // The kernel's loop: candidate j writes itself at its rank, slots
+    // [total, k) are padding; every output slot written exactly once.
     std::vector<int> hits(size_t(k), 0);
-    for (uint64_t p : seg) {
-      int rank = 0;
-      for (uint64_t q : seg) rank += q > p ? 1 : 0;
+    for (int64_t j = 0; j < std::max(total, k); ++j) {
+      uint64_t p = 0;
+      int64_t rank = j;
+      if (j < total) {
+        p = seg[size_t(j)];
+        rank = 0;
+        for (uint64_t q : seg) rank += q > p ? 1 : 0;
+      }
       if (rank < k) {
         result[size_t(rank)] = p;
         ++hits[size_t(rank)];
@@ -276,26 +322,20 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t k, bool vectorised, in
     for (int h : hits) if (h != 1) return false;
   }
   *tier_out = tier;
-  const auto want = oracle<Kind>(row, k);
-  for (int64_t j = 0; j < k; ++j) {
-    const uint64_t p = result[size_t(j)];
-    if (codec.bits(U(p >> 32)) != want[size_t(j)].first || int32_t(~uint32_t(p)) != want[size_t(j)].second) {
-      return false;
-    }
-  }
-  return true;
+  return write_outputs<Kind, U>(result, k) == oracle<Kind>(row, len, k);
 }
 
 template <KeyKind Kind, typename U>
-bool sim_warp_select(const std::vector<U>& row, int64_t k, bool vectorised, int capacity, int* tier) {
+bool sim_warp_select(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised,
+                     int capacity, int* tier) {
   constexpr int kVec = int(16 / sizeof(U));
   const int n = int(row.size());
   switch (ws_slots(n, ws_lanes(n, k), kVec)) {
-    case 4: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 4>(row, k, vectorised, capacity, tier); break;
-    case 8: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 8>(row, k, vectorised, capacity, tier); break;
-    case 16: return sim_warp_select_e<Kind, U, 16>(row, k, vectorised, capacity, tier);
-    case 32: return sim_warp_select_e<Kind, U, 32>(row, k, vectorised, capacity, tier);
-    case 64: return sim_warp_select_e<Kind, U, 64>(row, k, vectorised, capacity, tier);
+    case 4: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 4>(row, len, k, vectorised, capacity, tier); break;
+    case 8: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 8>(row, len, k, vectorised, capacity, tier); break;
+    case 16: return sim_warp_select_e<Kind, U, 16>(row, len, k, vectorised, capacity, tier);
+    case 32: return sim_warp_select_e<Kind, U, 32>(row, len, k, vectorised, capacity, tier);
+    case 64: return sim_warp_select_e<Kind, U, 64>(row, len, k, vectorised, capacity, tier);
   }
   return false;
 }
@@ -331,14 +371,17 @@ RadixChoice sim_choose(const std::vector<uint32_t>& hist, int bins, uint32_t k_l
   return found;
 }
 
+// Mirrors radix_select_row_in_block on a row whose first len elements take
+// part (index_bits from the padded length n, as the kernels do).
 template <KeyKind Kind, typename U>
-bool sim_radix(const std::vector<U>& row, int64_t k, int64_t capacity, int* scans_out) {
+bool sim_radix(const std::vector<U>& row, int64_t len, int64_t k, int64_t capacity, int* scans_out) {
   using P = typename RadixPacked<U>::type;
   using Pack = KeyIndexPacking<U, P>;
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int64_t n = int64_t(row.size());
   const int index_bits = radix_index_bits(n);
-  RadixState<P> st = radix_initial_state<P>(int(sizeof(U) * 8), n, k, capacity);
+  const int64_t take = std::min(k, len);
+  RadixState<P> st = radix_initial_state<P>(int(sizeof(U) * 8), len, take, capacity);
   std::vector<P> packed(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) packed[size_t(i)] = Pack::pack(codec.key(row[size_t(i)]), uint32_t(i));
   std::vector<P> cand[2], survivors;
@@ -352,7 +395,8 @@ bool sim_radix(const std::vector<U>& row, int64_t k, int64_t capacity, int* scan
     std::vector<uint32_t> hist(size_t(bins), 0);
     std::vector<P> out;
     const std::vector<P>& src = st.source < 0 ? packed : cand[st.source];
-    const size_t count = st.source < 0 ? packed.size() : st.source_count;
+    const size_t count = st.source_count;  // the row's length or the buffer's count
+    if (st.source < 0 && int64_t(count) != len) return false;
     if (st.source >= 0 && cand[st.source].size() != count) return false;
     for (size_t i = 0; i < count; ++i) {
       const P e = src[i];
@@ -374,17 +418,11 @@ bool sim_radix(const std::vector<U>& row, int64_t k, int64_t capacity, int* scan
     if (c.digit == ~0u) return false;
     st = radix_advance(st, next, c, capacity);
   }
-  if (int64_t(survivors.size()) != k) return false;
+  if (int64_t(survivors.size()) != take) return false;
+  survivors.resize(size_t(k), P(0));  // pad_survivors
   std::sort(survivors.begin(), survivors.end(), [](P a, P b) { return a > b; });
-  const auto want = oracle<Kind>(row, k);
-  for (int64_t j = 0; j < k; ++j) {
-    const P p = survivors[size_t(j)];
-    if (codec.bits(Pack::key(p)) != want[size_t(j)].first || int32_t(Pack::index(p)) != want[size_t(j)].second) {
-      return false;
-    }
-  }
   *scans_out = scans;
-  return true;
+  return write_outputs<Kind, U>(survivors, k) == oracle<Kind>(row, len, k);
 }
 
 // ---- threshold row per block (topk_threshold.cuh) --------------------------
@@ -445,9 +483,11 @@ int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallbac
 int64_t g_threshold_max_ratio_x100 = 0;  // worst candidates / k (x100) on the sorted path, random rows
 
 // Emulates threshold_topk_row_per_block_kernel<U, kR> on one row whose first
-// `head` elements come before the first 16-byte boundary.
+// `head` elements come before the first 16-byte boundary and whose first len
+// elements take part.
 template <KeyKind Kind, typename U, int kR>
-bool sim_threshold_r(const std::vector<U>& row, int64_t k, int64_t head_in, int pattern) {
+bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t head_in,
+                     int pattern) {
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
   constexpr int kThreads = kRadixThreads;
@@ -463,9 +503,9 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t k, int64_t head_in, int 
     P& m = a[size_t((pos % kR) * kThreads + tid)];
     m = std::max(m, packed(i));
   };
-  const int64_t head = std::min(head_in, n);
+  const int64_t head = std::min(head_in, len);
   for (int tid = 0; tid < kThreads; ++tid) if (tid < head) visit(tid, tid, 0);
-  const int64_t nvec = (n - head) / kVec;
+  const int64_t nvec = (len - head) / kVec;
   for (int64_t v0 = 0; v0 < nvec; v0 += int64_t(kThreads) * kUnroll) {
     for (int tid = 0; tid < kThreads; ++tid) {
       for (int u = 0; u < kUnroll; ++u) {
@@ -477,7 +517,7 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t k, int64_t head_in, int 
   }
   for (int tid = 0; tid < kThreads; ++tid) {
     const int64_t i = head + nvec * kVec + tid;
-    if (i < n) visit(tid, i, 0);
+    if (i < len) visit(tid, i, 0);
   }
   // 2. T, checked against a plain selection.
   int passes = 0;
@@ -487,38 +527,124 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t k, int64_t head_in, int 
   if (t != sorted_a[size_t(k - 1)]) return false;
   // 3. Candidates.
   std::vector<P> cand;
-  for (int64_t i = 0; i < n; ++i) if (packed(i) >= t) cand.push_back(packed(i));
-  if (int64_t(cand.size()) < k) return false;  // the guarantee
-  std::vector<std::pair<U, int32_t>> got;
-  if (cand.size() <= size_t(kG)) {
+  for (int64_t i = 0; i < len; ++i) if (packed(i) >= t) cand.push_back(packed(i));
+  const int64_t c = int64_t(cand.size());
+  if (c < std::min(k, len)) return false;  // the guarantee
+  if (c < k && c != len) return false;     // short rows: every element is a candidate
+  if (c <= kG) {
     ++g_threshold_paths[1];
-    if (pattern == 0 && n >= 4 * kG) {
-      g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, int64_t(cand.size()) * 100 / k);
+    if (pattern == 0 && len >= 4 * kG) {
+      g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, c * 100 / k);
     }
-    const size_t count = size_t(next_pow2(int64_t(cand.size())));
-    cand.resize(count, P(0));
+    cand.resize(size_t(next_pow2(std::max(c, k))), P(0));
     std::sort(cand.begin(), cand.end(), std::greater<P>());
-    for (int64_t j = 0; j < k; ++j) got.push_back({codec.bits(Pack::key(cand[size_t(j)])), int32_t(Pack::index(cand[size_t(j)]))});
-  } else {
-    ++g_threshold_paths[2];
-    if (std::getenv("SIM_VERBOSE")) std::printf("fallback bytes=%d n=%lld k=%lld pattern=%d c=%zu\n", int(sizeof(U)), (long long)n, (long long)k, pattern, cand.size());
-    const int64_t survivors = next_pow2(k);
-    if (survivors > kG) return false;
-    int scans = 0;
-    return sim_radix<Kind, U>(row, k, (kG - survivors) / 2, &scans);
+    return write_outputs<Kind, U>(cand, k) == oracle<Kind>(row, len, k);
   }
-  const auto want = oracle<Kind>(row, k);
-  return got == want;
+  ++g_threshold_paths[2];
+  if (std::getenv("SIM_VERBOSE")) std::printf("fallback bytes=%d n=%lld k=%lld pattern=%d c=%lld\n", int(sizeof(U)), (long long)n, (long long)k, pattern, (long long)c);
+  const int64_t survivors = next_pow2(k);
+  if (survivors > kG) return false;
+  int scans = 0;
+  return sim_radix<Kind, U>(row, len, k, (kG - survivors) / 2, &scans);
 }
 
 template <KeyKind Kind, typename U>
-bool sim_threshold(const std::vector<U>& row, int64_t k, int64_t head, int pattern) {
+bool sim_threshold(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
   switch (threshold_slots(k, int(sizeof(U)))) {
-    case 1: return sim_threshold_r<Kind, U, 1>(row, k, head, pattern);
-    case 2: return sim_threshold_r<Kind, U, 2>(row, k, head, pattern);
-    case 8: return sim_threshold_r<Kind, U, 8>(row, k, head, pattern);
+    case 1: return sim_threshold_r<Kind, U, 1>(row, len, k, head, pattern);
+    case 2: return sim_threshold_r<Kind, U, 2>(row, len, k, head, pattern);
+    case 8: return sim_threshold_r<Kind, U, 8>(row, len, k, head, pattern);
   }
   return false;
+}
+
+// Row lengths below n worth trying for (n, k): empty, one element, around k,
+// one short of the row, and a random one. (The clamping of user values is
+// checked separately: clamp_row_length.)
+std::vector<int64_t> short_lengths(std::mt19937_64& rng, int64_t n, int64_t k) {
+  std::vector<int64_t> lens = {0, 1, k - 1, k, k + 1, n / 2, n - 1, int64_t(rng() % uint64_t(n))};
+  std::vector<int64_t> out;
+  for (int64_t len : lens) {
+    if (len >= 0 && len < n && std::find(out.begin(), out.end(), len) == out.end()) out.push_back(len);
+  }
+  return out;
+}
+
+// Every algorithm on rows shorter than their padded length n. The warp
+// kernels take the scalar layout with lengths (launch_warp_*), so only that.
+template <KeyKind Kind, typename U>
+void run_width_lengths(std::mt19937_64& rng) {
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {17, 33, 257, 1000, 2049, 4100, 16384}) {
+    for (int64_t k : {1, 5, 8, 17, 32}) {
+      if (k > n) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t len : short_lengths(rng, n, k)) {
+          report<U>(sim_warp_sort_any<Kind, U>(row, len, k, false), "warp_sort(lengths)", n, k, pattern, 0, len);
+        }
+      }
+    }
+  }
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {5, 33, 100, 256, 257, 1000, 2048}) {
+    for (int64_t k : {1, 3, 8, 16, 17, 32}) {
+      if (k > n) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t len : short_lengths(rng, n, k)) {
+          for (int capacity : {ws_capacity(n), int(k), 0}) {
+            int tier = 0;
+            report<U>(sim_warp_select<Kind, U>(row, len, k, false, capacity, &tier), "warp_select(lengths)", n, k, pattern, capacity, len);
+            ++g_tiers[tier];
+          }
+        }
+      }
+    }
+  }
+  for (int64_t n : {3, 100, 2049, 5000, 70001}) {
+    for (int64_t k : {int64_t(1), int64_t(33), int64_t(1000), n / 2, n}) {
+      if (k > n || k < 1) continue;
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t len : short_lengths(rng, n, k)) {
+          for (int64_t capacity : {int64_t(0), int64_t(64), int64_t(2048), n}) {
+            int scans = 0;
+            report<U>(sim_radix<Kind, U>(row, len, k, capacity, &scans), "radix(lengths)", n, k, pattern, int(capacity), len);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (sizeof(U) <= 4) for (int64_t n : {17, 513, 2048, 8192, 65536}) {
+    for (int64_t k : {int64_t(1), int64_t(16), int64_t(64), int64_t(129), int64_t(257), int64_t(1000), int64_t(2048)}) {
+      if (k > n) continue;
+      if (n == 65536 && k != 64 && k != 2048) continue;  // keep the run short
+      for (int pattern = 0; pattern < 5; ++pattern) {
+        const auto row = make_row<U>(rng, n, pattern);
+        for (int64_t len : short_lengths(rng, n, k)) {
+          for (int64_t head : {int64_t(0), int64_t(16 / sizeof(U)) - 1}) {
+            report<U>(sim_threshold<Kind, U>(row, len, k, head, pattern), "threshold(lengths)", n, k, pattern, int(head), len);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The kernels' clamp of user lengths: L = min(max(length, 0), n).
+void check_clamp() {
+  const int64_t n = 1000;
+  const std::pair<int32_t, int64_t> cases[] = {{0, 0},       {1, 1},          {999, 999},
+                                               {1000, 1000}, {1001, 1000},    {-1, 0},
+                                               {INT32_MIN, 0}, {INT32_MAX, 1000}};
+  for (const auto& c : cases) {
+    const bool ok = clamp_row_length(c.first, n) == c.second;
+    if (ok) {
+      ++g_passed;
+    } else {
+      ++g_failed;
+      std::printf("FAIL clamp_row_length(%d, %lld)\n", c.first, (long long)n);
+    }
+  }
 }
 
 template <KeyKind Kind, typename U>
@@ -530,8 +656,8 @@ void run_width(std::mt19937_64& rng) {
       for (int pattern = 0; pattern < 5; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         const bool vec_ok = (n * int64_t(sizeof(U))) % 16 == 0;
-        report<U>(sim_warp_sort_any<Kind, U>(row, k, false), "warp_sort(scalar)", n, k, pattern, 0);
-        if (vec_ok) report<U>(sim_warp_sort_any<Kind, U>(row, k, true), "warp_sort(vector)", n, k, pattern, 1);
+        report<U>(sim_warp_sort_any<Kind, U>(row, n, k, false), "warp_sort(scalar)", n, k, pattern, 0);
+        if (vec_ok) report<U>(sim_warp_sort_any<Kind, U>(row, n, k, true), "warp_sort(vector)", n, k, pattern, 1);
       }
     }
   }
@@ -545,7 +671,7 @@ void run_width(std::mt19937_64& rng) {
         for (int capacity : {ws_capacity(n), int(k), 0}) {
           for (int vec = 0; vec < (vec_ok ? 2 : 1); ++vec) {
             int tier = 0;
-            report<U>(sim_warp_select<Kind, U>(row, k, vec == 1, capacity, &tier), "warp_select", n, k, pattern, capacity * 2 + vec);
+            report<U>(sim_warp_select<Kind, U>(row, n, k, vec == 1, capacity, &tier), "warp_select", n, k, pattern, capacity * 2 + vec);
             ++g_tiers[tier];
             if (capacity == ws_capacity(n) && tier == 3) ++g_natural_tier3;
           }
@@ -561,7 +687,7 @@ void run_width(std::mt19937_64& rng) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t capacity : {int64_t(0), int64_t(64), int64_t(2048), n}) {
           int scans = 0;
-          report<U>(sim_radix<Kind, U>(row, k, capacity, &scans), "radix", n, k, pattern, int(capacity));
+          report<U>(sim_radix<Kind, U>(row, n, k, capacity, &scans), "radix", n, k, pattern, int(capacity));
         }
       }
     }
@@ -576,17 +702,19 @@ void run_width(std::mt19937_64& rng) {
       for (int pattern = 0; pattern < 5; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t head : {int64_t(0), int64_t(16 / sizeof(U)) - 1}) {
-          report<U>(sim_threshold<Kind, U>(row, k, head, pattern), "threshold", n, k, pattern, int(head));
+          report<U>(sim_threshold<Kind, U>(row, n, k, head, pattern), "threshold", n, k, pattern, int(head));
         }
       }
     }
   }
+  run_width_lengths<Kind, U>(rng);
 }
 
 }  // namespace
 
 int main() {
   std::mt19937_64 rng(42);
+  check_clamp();
   run_width<KeyKind::kFloat, uint32_t>(rng);
   run_width<KeyKind::kFloat, uint16_t>(rng);
   run_width<KeyKind::kSigned, uint8_t>(rng);

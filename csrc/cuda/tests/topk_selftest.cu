@@ -10,11 +10,16 @@
 //        ./topk_selftest --big      also rows*n > 2^31 (uint8, slow oracle)
 //        ./topk_selftest --bench    timings of the benchmark grid (float32)
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
+//        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //
 // Correctness: every case runs twice (different output poison, different
 // scratch garbage) and must match the oracle (ordered keys from keys.h,
 // sorted by key descending then index ascending) bit for bit, leave the guard
 // words after the outputs untouched, and give identical bits both times.
+// Cases marked lengths=... pass per-row lengths (a device array of user
+// values: 0, 1, k-1, k, k+1, n-1, n, n+1, negative, INT32_MIN/MAX, random):
+// the oracle clamps them to [0, n] as the FFI does for cpu::topk_rows and
+// pads slots past min(k, length) with the dtype's lowest value and index -1.
 // Prints one line per failure and ends with "N passed, M failed"; exit code
 // 1 on any failure.
 
@@ -177,26 +182,72 @@ void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t 
   }
 }
 
-// The oracle: ordered keys, key descending, index ascending.
+// Per-row lengths of a case: none (nullptr), a mix of every interesting
+// user value, every row whole (values >= n), or every row empty (values <= 0).
+enum class Lengths { kNone, kMixed, kWhole, kEmpty };
+
+const char* lengths_name(Lengths l) {
+  switch (l) {
+    case Lengths::kNone: return "";
+    case Lengths::kMixed: return " lengths=mixed";
+    case Lengths::kWhole: return " lengths=whole";
+    case Lengths::kEmpty: return " lengths=empty";
+  }
+  return "?";
+}
+
+// Distinct kinds of user length kMixed cycles through (row r gets kind
+// (r + salt) % kMixedLengthKinds).
+constexpr int64_t kMixedLengthKinds = 13;
+
+std::vector<int32_t> make_lengths(Lengths mode, int64_t rows, int64_t n, int64_t k, int64_t salt,
+                                  std::mt19937_64& rng) {
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t kind = r + salt;
+    int64_t v = 0;
+    if (mode == Lengths::kWhole) {
+      const int64_t whole[3] = {n, n + 1, INT32_MAX};
+      v = whole[kind % 3];
+    } else if (mode == Lengths::kEmpty) {
+      const int64_t empty[3] = {0, -1, INT32_MIN};
+      v = empty[kind % 3];
+    } else {
+      const int64_t mixed[kMixedLengthKinds] = {
+          0, 1, k - 1, k, k + 1, n - 1, n, n + 1, -1, INT32_MIN, INT32_MAX,
+          int64_t(rng() % uint64_t(n + 1)),                  // anywhere
+          k + int64_t(rng() % uint64_t(n - k + 1))};         // at least k
+      v = mixed[kind % kMixedLengthKinds];
+    }
+    out[size_t(r)] = int32_t(std::clamp<int64_t>(v, INT32_MIN, INT32_MAX));
+  }
+  return out;
+}
+
+// The oracle: ordered keys, key descending, index ascending, over the first
+// min(max(lengths[r], 0), n) elements of row r (all of it without lengths);
+// slots past that many hold `lowest` and index -1.
 template <KeyKind Kind, typename U>
-void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, std::vector<U>* values,
-                 std::vector<int32_t>* indices) {
-  values->assign(size_t(rows * k), U(0));
-  indices->assign(size_t(rows * k), 0);
+void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, const int32_t* lengths, U lowest,
+                 std::vector<U>* values, std::vector<int32_t>* indices) {
+  values->assign(size_t(rows * k), lowest);
+  indices->assign(size_t(rows * k), -1);
   std::vector<U> keys(static_cast<size_t>(n));
   std::vector<int32_t> order(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
     const U* row = x + r * n;
-    for (int64_t i = 0; i < n; ++i) keys[size_t(i)] = ordered_key<Kind>(row[i]);
-    std::iota(order.begin(), order.end(), 0);
+    const int64_t len = lengths == nullptr ? n : std::clamp<int64_t>(lengths[r], 0, n);
+    const int64_t take = std::min(k, len);
+    for (int64_t i = 0; i < len; ++i) keys[size_t(i)] = ordered_key<Kind>(row[i]);
+    std::iota(order.begin(), order.begin() + len, 0);
     auto better = [&](int32_t a, int32_t b) {
       return keys[size_t(a)] != keys[size_t(b)] ? keys[size_t(a)] > keys[size_t(b)] : a < b;
     };
-    if (k < n) {
-      std::nth_element(order.begin(), order.begin() + k, order.end(), better);
+    if (take < len) {
+      std::nth_element(order.begin(), order.begin() + take, order.begin() + len, better);
     }
-    std::sort(order.begin(), order.begin() + k, better);
-    for (int64_t j = 0; j < k; ++j) {
+    std::sort(order.begin(), order.begin() + take, better);
+    for (int64_t j = 0; j < take; ++j) {
       (*values)[size_t(r * k + j)] = row[order[size_t(j)]];
       (*indices)[size_t(r * k + j)] = order[size_t(j)];
     }
@@ -208,23 +259,28 @@ constexpr int kGuardWords = 64;
 // Runs one case; returns true when it passed.
 template <typename Traits>
 bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
-              uint64_t seed) {
+              Lengths lengths_mode, int64_t salt, uint64_t seed) {
   using U = typename Traits::Bits;
   constexpr KeyKind Kind = Traits::kKeyKind;
   const TopkRegime regime = choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count);
   char label[320];
-  std::snprintf(label, sizeof label, "dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s regime=%s",
+  std::snprintf(label, sizeof label,
+                "dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s%s salt=%lld regime=%s",
                 Traits::kName, (long long)rows, (long long)n, (long long)k, pattern_name(pattern),
-                misaligned ? " misaligned" : "", topk_regime_name(regime));
+                misaligned ? " misaligned" : "", lengths_name(lengths_mode), (long long)salt,
+                topk_regime_name(regime));
 
   std::mt19937_64 rng(seed);
   const int64_t elems = rows * n;
   std::vector<U> host_x(static_cast<size_t>(elems));
   for (int64_t r = 0; r < rows; ++r) fill_row_pattern<Kind, U>(d, pattern, rng, host_x.data() + r * n, n);
+  std::vector<int32_t> host_lengths;
+  if (lengths_mode != Lengths::kNone) host_lengths = make_lengths(lengths_mode, rows, n, k, salt, rng);
+  const int32_t* lengths = host_lengths.empty() ? nullptr : host_lengths.data();
 
   std::vector<U> want_v;
   std::vector<int32_t> want_i;
-  oracle_topk<Kind, U>(host_x.data(), rows, n, k, &want_v, &want_i);
+  oracle_topk<Kind, U>(host_x.data(), rows, n, k, lengths, Traits::kLowestBits, &want_v, &want_i);
 
   const int64_t offset = misaligned ? 1 : 0;
   U* d_x_base = nullptr;
@@ -237,6 +293,11 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
   CHECK_CUDA(cudaMalloc(&d_i, out_count * sizeof(int32_t)));
   U* d_x = d_x_base + offset;
   if (elems > 0) CHECK_CUDA(cudaMemcpy(d_x, host_x.data(), size_t(elems) * sizeof(U), cudaMemcpyHostToDevice));
+  int32_t* d_lengths = nullptr;
+  if (lengths != nullptr && rows > 0) {
+    CHECK_CUDA(cudaMalloc(&d_lengths, size_t(rows) * sizeof(int32_t)));
+    CHECK_CUDA(cudaMemcpy(d_lengths, lengths, size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
   const size_t scratch_bytes = jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
   if (scratch_bytes > 0) CHECK_CUDA(cudaMalloc(&d_scratch, scratch_bytes));
 
@@ -249,7 +310,7 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
     CHECK_CUDA(cudaMemset(d_v, poison[run], out_count * sizeof(U)));
     CHECK_CUDA(cudaMemset(d_i, poison[run], out_count * sizeof(int32_t)));
     if (scratch_bytes > 0) CHECK_CUDA(cudaMemset(d_scratch, scratch_garbage[run], scratch_bytes));
-    cudaError_t err = jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_scratch,
+    cudaError_t err = jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
                                                 scratch_bytes, /*stream=*/0);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();
     if (err != cudaSuccess) {
@@ -267,12 +328,13 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
     CHECK_CUDA(cudaMemcpy(got_i[run].data(), d_i, out_count * sizeof(int32_t), cudaMemcpyDeviceToHost));
     for (size_t j = 0; j < size_t(rows * k); ++j) {
       if (got_v[run][j] != want_v[j] || got_i[run][j] != want_i[j]) {
+        const size_t r = j / size_t(k);
         std::printf(
-            "FAIL %s run=%d: first mismatch at row %lld pos %lld: want (bits 0x%llx, index %d) "
-            "got (bits 0x%llx, index %d)\n",
-            label, run, (long long)(j / size_t(k)), (long long)(j % size_t(k)),
-            (unsigned long long)want_v[j], want_i[j], (unsigned long long)got_v[run][j],
-            got_i[run][j]);
+            "FAIL %s run=%d: first mismatch at row %lld pos %lld (length %lld): want (bits 0x%llx, "
+            "index %d) got (bits 0x%llx, index %d)\n",
+            label, run, (long long)r, (long long)(j % size_t(k)),
+            (long long)(lengths ? lengths[r] : n), (unsigned long long)want_v[j], want_i[j],
+            (unsigned long long)got_v[run][j], got_i[run][j]);
         ok = false;
         break;
       }
@@ -300,6 +362,7 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
     }
   }
   CHECK_CUDA(cudaFree(d_x_base));
+  if (d_lengths) CHECK_CUDA(cudaFree(d_lengths));
   CHECK_CUDA(cudaFree(d_v));
   CHECK_CUDA(cudaFree(d_i));
   if (d_scratch) CHECK_CUDA(cudaFree(d_scratch));
@@ -307,11 +370,21 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
 }
 
 bool g_dry_run = false;  // count cases and elements only (no GPU needed)
+bool g_lengths_only = false;  // --lengths: only the cases with per-row lengths
+bool g_quick = false;         // --quick: lengths cases for one dtype per key width only
 int64_t g_dry_cases = 0, g_dry_elements = 0;
 
-void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false) {
+void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false,
+             Lengths lengths = Lengths::kNone, int64_t salt = 0) {
   static uint64_t seed = 12345;
-  ++seed;
+  ++seed;  // before the filter: a case has the same seed with and without --lengths
+  if (g_lengths_only && lengths == Lengths::kNone) return;
+  // Kernels are per key width; --quick (also the sanitizer runs) keeps the
+  // lengths cases to one dtype per width.
+  if (g_quick && lengths != Lengths::kNone && d != DType::float32 && d != DType::bfloat16 &&
+      d != DType::float64 && d != DType::uint8) {
+    return;
+  }
   if (g_dry_run) {
     ++g_dry_cases;
     g_dry_elements += rows * n;
@@ -319,13 +392,28 @@ void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misali
   }
   bool ok = false;
   visit_dtype(d, [&](auto traits) {
-    ok = run_case<decltype(traits)>(d, rows, n, k, p, misaligned, seed);
+    ok = run_case<decltype(traits)>(d, rows, n, k, p, misaligned, lengths, salt, seed);
   });
   if (ok) {
     ++g_passed;
   } else {
     ++g_failed;
   }
+}
+
+// The case with mixed per-row lengths, repeated with shifted kinds until every
+// kind of length has landed on some row (once when rows >= kMixedLengthKinds).
+void run_lengths(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false) {
+  for (int64_t salt = 0; salt < kMixedLengthKinds; salt += rows) {
+    run_one(d, rows, n, k, p, misaligned, Lengths::kMixed, salt);
+  }
+}
+
+// Mixed lengths, then every row whole, then every row empty.
+void run_all_lengths(DType d, int64_t rows, int64_t n, int64_t k, Pattern p) {
+  run_lengths(d, rows, n, k, p);
+  run_one(d, rows, n, k, p, /*misaligned=*/false, Lengths::kWhole);
+  run_one(d, rows, n, k, p, /*misaligned=*/false, Lengths::kEmpty);
 }
 
 // The key codec (per-width kernels) must reproduce keys.h for every dtype.
@@ -381,6 +469,17 @@ void run_suite(bool quick, bool big) {
       run_one(d, 3, 1000, 40, p);    // radix, row per block, whole row cached
       run_one(d, 2, 5000, 5000, p);  // radix, k == n, device-wide sort
     }
+    // Per-row lengths on the same shapes. Rows >= kMixedLengthKinds where
+    // the regime does not depend on the row count: one case each.
+    run_lengths(d, 17, 1, 1, Pattern::kSpecials);
+    run_lengths(d, 13, 2, 2, Pattern::kFewValues);
+    run_one(d, 5, 3, 1, Pattern::kSpecials, /*misaligned=*/false, Lengths::kEmpty);
+    for (Pattern p : kAllPatterns) {
+      if (quick && p != Pattern::kRandomBits) continue;
+      run_all_lengths(d, 13, 100, 7, p);
+      run_all_lengths(d, 13, 1000, 40, p);
+      run_all_lengths(d, 13, 5000, 5000, p);
+    }
   }
 
   // Warp-sort regime boundaries (n around group-size steps, k around list sizes).
@@ -397,9 +496,14 @@ void run_suite(bool quick, bool big) {
         const Pattern p = (k + n) % 3 == 0 ? Pattern::kFewValues
                           : (k + n) % 3 == 1 ? Pattern::kRandomBits : Pattern::kSpecials;
         run_one(d, 37, n, k, p);
+        if (!quick || k == 1 || k == 8 || k == 32) run_lengths(d, 37, n, k, p);
+        if (k == 8) {  // whole rows through lengths: the scalar layout on vector-friendly rows
+          run_one(d, 37, n, k, Pattern::kAscending, /*misaligned=*/false, Lengths::kWhole);
+        }
         if (!quick && k == 8) {
           run_one(d, 37, n, k, Pattern::kAscending);
           run_one(d, 5, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+          run_lengths(d, 5, n, k, Pattern::kAllEqual, /*misaligned=*/true);
         }
       }
       if (!quick) run_one(d, 1, n, std::min<int64_t>(n, 32), Pattern::kGaussian);
@@ -414,6 +518,10 @@ void run_suite(bool quick, bool big) {
       for (int64_t k : {int64_t(1), int64_t(16), int64_t(17), int64_t(32)}) {
         run_one(d, 37, n, k, Pattern::kAllEqual);
         run_one(d, 37, n, k, Pattern::kFewValues);
+        if (!quick || k == 17) {
+          run_lengths(d, 37, n, k, Pattern::kAllEqual);
+          run_lengths(d, 37, n, k, Pattern::kFewValues);
+        }
         if (!quick) run_one(d, 37, n, k, Pattern::kFewValues, /*misaligned=*/true);
       }
     }
@@ -426,8 +534,13 @@ void run_suite(bool quick, bool big) {
       for (int64_t k : {int64_t(16), int64_t(32)}) {
         run_one(d, warp_rows, n, k, k == 16 ? Pattern::kGaussian : Pattern::kFewValues);
         run_one(d, 3, n, k, Pattern::kAscending);
+        if (!quick || n == 4097) {
+          run_lengths(d, warp_rows, n, k, k == 16 ? Pattern::kGaussian : Pattern::kFewValues);
+        }
       }
     }
+    // Whole rows through lengths on a vector-friendly n: the scalar layout.
+    run_one(d, warp_rows, 4096, 32, Pattern::kSpecials, /*misaligned=*/false, Lengths::kWhole);
     if (!quick) {
       run_one(d, warp_rows, 16383, 7, Pattern::kAscending, /*misaligned=*/true);
       run_one(d, warp_rows, 16385, 16, Pattern::kRandomBits);  // just past: radix
@@ -446,16 +559,21 @@ void run_suite(bool quick, bool big) {
         for (Pattern p : {Pattern::kGaussian, Pattern::kFewValues, Pattern::kSpecials}) {
           run_one(d, 5, n, k, p);
         }
+        run_lengths(d, 13, n, k, Pattern::kGaussian);
         if (!quick) {
           run_one(d, 1, n, k, Pattern::kAllEqual);
           run_one(d, 3, n, k, Pattern::kAscending, /*misaligned=*/true);
           run_one(d, 2, n, k, Pattern::kRandomBits);
+          run_lengths(d, 13, n, k, Pattern::kFewValues);
+          run_lengths(d, 13, n, k, Pattern::kAscending, /*misaligned=*/true);
         }
       }
     }
     // More rows than resident blocks: the grid-stride loop over rows.
     run_one(d, 16 * sm + 5, 1000, 100, Pattern::kGaussian);
     run_one(d, 16 * sm + 5, 3000, 40, Pattern::kFewValues);
+    run_lengths(d, 16 * sm + 5, 1000, 100, Pattern::kGaussian);
+    if (!quick) run_lengths(d, 16 * sm + 5, 3000, 40, Pattern::kFewValues);
   }
 
   // Threshold row per block (keys <= 32 bits, k <= kThresholdMaxK): the group
@@ -473,19 +591,30 @@ void run_suite(bool quick, bool big) {
         run_one(d, 7, n, k, Pattern::kGaussian);
         run_one(d, 3, n, k, Pattern::kAllEqual);
         run_one(d, 3, n, k, Pattern::kFewValues, /*misaligned=*/true);
+        run_lengths(d, 13, n, k, Pattern::kGaussian);
         if (!quick) {
           run_one(d, 3, n, k, Pattern::kSpecials);
           run_one(d, 2, n, k, Pattern::kDescending);
+          run_lengths(d, 13, n, k, Pattern::kAllEqual);
+          run_lengths(d, 13, n, k, Pattern::kFewValues, /*misaligned=*/true);
         }
       }
     }
     run_one(d, 2 * sm + 3, 8192, 64, Pattern::kGaussian);    // more rows than the grid
     run_one(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
+    run_lengths(d, 2 * sm + 3, 8192, 64, Pattern::kGaussian);
+    if (!quick) run_lengths(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
+    // Few long rows on one threshold block each need rows >= sm / divisor.
+    const int64_t few_threshold_rows =
+        (sm + kThresholdFewRowsMinSmDivisor - 1) / kThresholdFewRowsMinSmDivisor;
     for (int64_t n : {int64_t(131072), int64_t(131073)}) {
       for (int64_t k : {int64_t(50), int64_t(1024), int64_t(2048)}) {
         run_one(d, 1, n, k, Pattern::kGaussian);
         run_one(d, 3, n, k, Pattern::kAllEqual, /*misaligned=*/true);
         if (!quick) run_one(d, 2, n, k, Pattern::kFewValues);
+        if (!quick || (n == 131072 && k == 2048)) {
+          run_lengths(d, few_threshold_rows, n, k, Pattern::kGaussian);
+        }
       }
     }
   }
@@ -493,22 +622,35 @@ void run_suite(bool quick, bool big) {
   // Radix, rows split over blocks (few rows, long rows).
   const std::vector<int64_t> split_ns = quick ? std::vector<int64_t>{16384, 131075}
                                               : std::vector<int64_t>{16384, 16385, 65539, 300007};
+  // Lengths cases: as many rows as keep the split path (below sm / divisor
+  // rows, else few long rows go to the threshold kernel), at most one per
+  // kind of length.
+  const int64_t split_rows = std::clamp<int64_t>((sm - 1) / kThresholdFewRowsMinSmDivisor, 1,
+                                                 kMixedLengthKinds);
   for (DType d : kMainDtypes) {
     for (int64_t n : split_ns) {
       for (int64_t k : {int64_t(1), int64_t(16), int64_t(33), int64_t(2048), int64_t(4096),
                         int64_t(4097), n / 2 + 1, n}) {
         run_one(d, 1, n, k, Pattern::kGaussian);
         run_one(d, 3, n, k, Pattern::kFewValues);
+        if (!quick || k == 16 || k == 4097 || k == n) {
+          run_lengths(d, split_rows, n, k, Pattern::kGaussian);
+        }
         if (!quick) {
           run_one(d, 2, n, k, Pattern::kAllEqual, /*misaligned=*/true);
           run_one(d, 2, n, k, Pattern::kSpecials);
           run_one(d, 2, n, k, Pattern::kAscending);
           run_one(d, 2, n, k, Pattern::kDescending);
+          if (k == 16 || k == 4097) {
+            run_lengths(d, split_rows, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+          }
         }
       }
     }
+    if (!quick) run_all_lengths(d, split_rows, 65539, 4097, Pattern::kFewValues);  // device-wide sort
     // Just under one row per SM: the widest split-row grid.
     run_one(d, sm - 1, 16385, 100, Pattern::kGaussian);
+    run_lengths(d, sm - 1, 16385, 100, Pattern::kGaussian);
     if (!quick) run_one(d, sm - 1, 16385, 5000, Pattern::kFewValues);
   }
 
@@ -517,6 +659,13 @@ void run_suite(bool quick, bool big) {
     for (int64_t n : {int64_t(1) << 20, (int64_t(1) << 20) + 7}) {
       for (int64_t k : {int64_t(16), int64_t(2048), n}) {
         run_one(d, 1, n, k, Pattern::kGaussian);
+        // Lengths on 3 rows: k-1, k, k+1 (salt 2) and random, random >= k,
+        // 0 (salt 11); the other kinds have their split-row cases above.
+        for (int64_t salt : {int64_t(2), int64_t(11)}) {
+          if (!quick || (salt == 11 && k == 2048 && n == (int64_t(1) << 20))) {
+            run_one(d, 3, n, k, Pattern::kGaussian, /*misaligned=*/false, Lengths::kMixed, salt);
+          }
+        }
         if (!quick) {
           run_one(d, 1, n, k, Pattern::kFewValues);
           run_one(d, 1, n, k, Pattern::kSpecials, /*misaligned=*/true);
@@ -582,8 +731,10 @@ void run_bench() {
       {1024, 8192, 256, 164}, {128, 131072, 50, 0},  {128, 131072, 1024, 272},
       {64, 65536, 2048, 0},   {2048, 65536, 2048, 1712}, {1, 131072, 2048, 0},
       {1, 1048576, 16, 0},    {1, 1048576, 2048, 0}};
-  std::printf("%-22s %-20s %10s %10s %8s %12s\n", "shape (f32)", "regime", "us", "floor_us",
-              "floor/t", "torch_h200");
+  // len_us: the same call with a lengths array of n per row (the lengths
+  // path doing the whole-row work: its overhead).
+  std::printf("%-22s %-20s %10s %10s %10s %8s %12s\n", "shape (f32)", "regime", "us", "len_us",
+              "floor_us", "floor/t", "torch_h200");
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal(0.f, 1.f);
   cudaEvent_t e0, e1;
@@ -609,35 +760,48 @@ void run_bench() {
     const size_t scratch_bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, s.rows, s.n, s.k);
     void* scratch = nullptr;
     if (scratch_bytes) CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
-    auto launch = [&](int i) {
-      CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices,
-                                           s.rows, s.n, s.k, scratch, scratch_bytes, 0));
-    };
-    for (int i = 0; i < 5; ++i) launch(i);
-    CHECK_CUDA(cudaDeviceSynchronize());
-    std::vector<double> times;
-    for (int i = 0; i < 30; ++i) {
-      CHECK_CUDA(cudaEventRecord(e0));
-      launch(i);
-      CHECK_CUDA(cudaEventRecord(e1));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-      times.push_back(double(ms) * 1e3);
+    int32_t* whole_lengths = nullptr;
+    {
+      const std::vector<int32_t> host_lengths(static_cast<size_t>(s.rows), int32_t(s.n));
+      CHECK_CUDA(cudaMalloc(&whole_lengths, size_t(s.rows) * sizeof(int32_t)));
+      CHECK_CUDA(cudaMemcpy(whole_lengths, host_lengths.data(), size_t(s.rows) * sizeof(int32_t),
+                            cudaMemcpyHostToDevice));
     }
-    const double t = median(times);
+    auto time_us = [&](const int32_t* lengths) {
+      auto launch = [&](int i) {
+        CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values,
+                                             indices, s.rows, s.n, s.k, lengths, scratch,
+                                             scratch_bytes, 0));
+      };
+      for (int i = 0; i < 5; ++i) launch(i);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      std::vector<double> times;
+      for (int i = 0; i < 30; ++i) {
+        CHECK_CUDA(cudaEventRecord(e0));
+        launch(i);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        times.push_back(double(ms) * 1e3);
+      }
+      return median(times);
+    };
+    const double t = time_us(nullptr);
+    const double t_len = time_us(whole_lengths);
     const double floor_us = (double(bytes) + double(s.rows * s.k) * 8.0) / bw * 1e6;
     char shape[64];
     std::snprintf(shape, sizeof shape, "%lldx%lld k%lld", (long long)s.rows, (long long)s.n,
                   (long long)s.k);
     char torch[32] = "-";
     if (s.torch_h200_us > 0) std::snprintf(torch, sizeof torch, "%.0f", s.torch_h200_us);
-    std::printf("%-22s %-20s %10.1f %10.1f %8.2f %12s\n", shape,
-                topk_regime_name(choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count)), t, floor_us,
-                floor_us / t, torch);
+    std::printf("%-22s %-20s %10.1f %10.1f %10.1f %8.2f %12s\n", shape,
+                topk_regime_name(choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count)), t, t_len,
+                floor_us, floor_us / t, torch);
     for (float* p : inputs) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaFree(values));
     CHECK_CUDA(cudaFree(indices));
+    CHECK_CUDA(cudaFree(whole_lengths));
     if (scratch) CHECK_CUDA(cudaFree(scratch));
   }
   CHECK_CUDA(cudaEventDestroy(e0));
@@ -651,11 +815,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bench") bench = true;
-    else if (a == "--quick") quick = true;
+    else if (a == "--quick") quick = g_quick = true;
     else if (a == "--big") big = true;
     else if (a == "--dry-run") dry = true;
+    else if (a == "--lengths") g_lengths_only = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths]\n", argv[0]);
       return 2;
     }
   }
