@@ -121,20 +121,22 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float negative_abs(float x) {
 // ln 2 split in two (the high part has 9 significant bits, so n * hi is exact
 // for every n in range), a degree-7 polynomial on |r| <= ln(2)/2 (~1 ulp),
 // and the scale 2^n applied as two exact power-of-two factors, so results in
-// the subnormal range round once. The clamp to [-104, 89] changes no result:
-// exp(89) overflows to +inf and exp(-104) rounds to 0. NaN propagates.
+// the subnormal range round once. n = round(x / ln 2) comes from adding
+// 1.5 * 2^23 (the sum's low mantissa bits are n): float adds only, no
+// conversion instructions (quarter rate on GPUs). The clamp to [-104, 89]
+// changes no result: exp(89) overflows to +inf and exp(-104) rounds to 0.
+// NaN propagates (the arithmetic on it is discarded by the last select).
 template <bool kWithLo>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float exp_parts(float hi, float lo) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
+  constexpr float kRoundShift = 12582912.0f;  // 1.5 * 2^23
   float x = hi > 89.0f ? 89.0f : hi;
   x = x < -104.0f ? -104.0f : x;
-  x = is_nan(hi) ? 0.0f : x;  // keeps the integer conversion below defined
-  const float t = add(mul(x, kLog2e), 0.5f);
-  int32_t n = int32_t(t);       // truncates toward zero ...
-  n -= (t < float(n)) ? 1 : 0;  // ... so this is floor(t), in [-150, 129]
-  const float nf = float(n);
+  const float shifted = add(mul(x, kLog2e), kRoundShift);
+  const float nf = sub(shifted, kRoundShift);  // round(x * log2(e)), exactly
+  const int32_t n = float_to_bits(shifted) - float_to_bits(kRoundShift);  // in [-150, 129]
   float r = sub(sub(x, mul(nf, kLn2Hi)), mul(nf, kLn2Lo));
   if constexpr (kWithLo) r = add(r, lo);
   // exp(r) = 1 + r + r^2 (1/2 + r (1/6 + ...)): the coefficients of Cephes' expf.
