@@ -9,6 +9,8 @@
 #   bench_sort benchmarks/run.py --op sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
+#   lengths    the self-test's per-row lengths cases, plain and under memcheck
+#   ragged     benchmarks/ragged.py: the ragged top-k case (lengths= against lax.top_k)
 #   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
@@ -77,6 +79,13 @@ for s in "$@"; do
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
+    lengths)
+      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
+        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      step selftest_lengths 300 "$SELFTEST" --lengths
+      step memcheck_lengths 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --lengths --quick ;;
+    ragged)
+      step ragged 300 python3 benchmarks/ragged.py --out "$OUT" ;;
     routing)
       JAX_TOPK_TEST_PLATFORM=gpu step routing 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_routing.py tests/test_routing_gpu.py ;;

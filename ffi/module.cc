@@ -91,7 +91,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       [](const std::string& op, const std::string& dtype, int64_t rows, int64_t n, int64_t k) {
         const auto d = jax_topk::ffi_util::dtype_from_name(dtype);
         if (!d) throw std::invalid_argument("no native kernel for dtype " + dtype);
-        if (op == "top_k") return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
+        if (op == "top_k" || op == "top_k_lengths") {
+          return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
+        }
         throw std::invalid_argument("no workspace rule for op " + op);
       },
       "Bytes of device workspace the op's kernel needs on the current GPU.");

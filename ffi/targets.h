@@ -12,7 +12,7 @@
 
 #define JAX_TOPK_FOR_EACH_TARGET(X) \
   X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1, any_dtype) \
-  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 0, any_dtype) \
+  X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 1, any_dtype) \
   X(sort, "jax_topk_sort", JaxTopkSort, 1, 0, any_dtype) \
   X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 0, any_dtype) \
   X(route, "jax_topk_route", JaxTopkRoute, 1, 1, is_route_dtype)

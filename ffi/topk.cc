@@ -50,15 +50,22 @@ ffi::Error topk_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<
 // Temporaries come in `workspace`, an extra result sized at lowering time by
 // the module's workspace_bytes(): no run-time allocation, so XLA may capture
 // the call into a CUDA graph (kCmdBufferCompatible).
-ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
-                     ffi::Result<ffi::Buffer<ffi::S32>> indices,
-                     ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
+ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
+                          ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
+                          ffi::Buffer<ffi::U8>& workspace, int64_t k) {
   ffi_util::RowGeometry g;
-  if (auto err = ffi_util::row_geometry(kOp, x, *values, k, &g); err.failure()) return err;
+  if (auto err = ffi_util::row_geometry(kOp, x, values, k, &g); err.failure()) return err;
+  // The lengths stay on the device: the kernels apply the sequence-mask rule
+  // (clamp to [0, n]) themselves.
+  if (lengths && int64_t(lengths->element_count()) != g.rows) {
+    return ffi::Error::InvalidArgument(std::string(kOp) + ": lengths has " +
+                                       std::to_string(lengths->element_count()) +
+                                       " elements, expected one per row (" + std::to_string(g.rows) + ")");
+  }
   const auto dtype = ffi_util::to_dtype(x.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
   const size_t needed = cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k);
-  const size_t given = workspace->element_count();
+  const size_t given = workspace.element_count();
   if (given < needed) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       std::string(kOp) + ": the workspace holds " + std::to_string(given) +
@@ -66,13 +73,24 @@ ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::Any
                           " (lowered for another device?)");
   }
   const cudaError_t status =
-      cuda::topk_rows(*dtype, x.untyped_data(), values->untyped_data(), indices->typed_data(),
-                      g.rows, g.n, k, /*lengths=*/nullptr, workspace->untyped_data(), given,
-                      stream);
+      cuda::topk_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n, k,
+                      lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given, stream);
   if (status != cudaSuccess) {
     return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
   }
   return ffi::Error::Success();
+}
+
+ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                     ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                     ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
+  return topk_cuda_rows(stream, x, nullptr, *values, *indices, *workspace, k);
+}
+
+ffi::Error topk_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+                             ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                             ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
+  return topk_cuda_rows(stream, x, &lengths, *values, *indices, *workspace, k);
 }
 #endif
 
@@ -102,6 +120,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCuda, jax_topk::topk_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("k"),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCuda, jax_topk::topk_lengths_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::U8>>()

@@ -32,17 +32,21 @@ def boundaries() -> tuple[list[int], list[int]]:
     return sorted(ns), sorted(ks)
 
 
-def top_k_on(device, x, k):
+def top_k_on(device, x, k, lengths=None):
     with jax.default_device(device):
-        values, indices = jax.jit(lambda a: jax_topk.top_k(a, k))(jax.device_put(x, device))
+        if lengths is None:
+            values, indices = jax.jit(lambda a: jax_topk.top_k(a, k))(jax.device_put(x, device))
+        else:
+            values, indices = jax.jit(lambda a, n: jax_topk.top_k(a, k, lengths=n))(
+                jax.device_put(x, device), jax.device_put(lengths, device))
     return np.asarray(values), np.asarray(indices)
 
 
-def assert_gpu_equals_cpu(x, k, check_oracle=False):
-    gv, gi = top_k_on(GPU, x, k)
-    cv, ci = top_k_on(CPU, x, k)
-    assert np.array_equal(gi, ci), f"indices differ: shape {x.shape} {x.dtype} k={k}"
-    assert oracle.same_bits(gv, cv), f"values differ: shape {x.shape} {x.dtype} k={k}"
+def assert_gpu_equals_cpu(x, k, check_oracle=False, lengths=None):
+    gv, gi = top_k_on(GPU, x, k, lengths)
+    cv, ci = top_k_on(CPU, x, k, lengths)
+    assert np.array_equal(gi, ci), f"indices differ: shape {x.shape} {x.dtype} k={k} lengths={lengths is not None}"
+    assert oracle.same_bits(gv, cv), f"values differ: shape {x.shape} {x.dtype} k={k} lengths={lengths is not None}"
     if check_oracle:
         ov, oi = oracle.top_k(x, k)
         assert np.array_equal(gi, oi) and oracle.same_bits(gv, ov)
@@ -61,6 +65,39 @@ def test_boundaries_float32(n, k, rng):
             continue
         for kind in ("random", "ties") + (("special",) if rows == 1 else ()):
             assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k, check_oracle=rows * n < 200_000)
+
+
+def user_lengths(rows: int, n: int, k: int, rng) -> np.ndarray:
+    """Per-row lengths covering the rule's edges: 0, 1, k-1, k, k+1, n-1, n,
+    n+1, negative, int32 extremes, and random in [0, n]."""
+    special = [0, 1, k - 1, k, k + 1, n - 1, n, n + 1, -1, np.iinfo(np.int32).min, np.iinfo(np.int32).max]
+    lengths = rng.integers(0, n + 1, size=rows)
+    lengths[: min(rows, len(special))] = special[: min(rows, len(special))]
+    return rng.permutation(lengths).astype(np.int32)
+
+
+@pytest.mark.parametrize("n,k", CASES)
+def test_boundaries_with_lengths(n, k, rng):
+    # Every kernel takes per-row lengths; the regime is chosen from (rows, n, k).
+    for rows in (1, 13, 300):
+        if rows * n > (1 << 22):
+            continue
+        lengths = user_lengths(rows, n, k, rng)
+        assert_gpu_equals_cpu(make_input("random", (rows, n), "float32", rng), k, lengths=lengths)
+    rows = max(1, min(300, (1 << 22) // n))
+    assert_gpu_equals_cpu(make_input("ties", (rows, n), "bfloat16", rng), k, lengths=user_lengths(rows, n, k, rng))
+
+
+def test_ragged_case_of_the_issue_on_gpu(rng):
+    # 31 rows of 2000..8000 elements, k=512: one padded call, bit-identical to
+    # the per-row top_k on the CPU.
+    lengths = rng.integers(2000, 8001, size=31).astype(np.int32)
+    x = make_input("random", (31, 8000), "float32", rng)
+    assert_gpu_equals_cpu(x, 512, lengths=lengths)
+    values, indices = top_k_on(GPU, x, 512, lengths)
+    for r, length in enumerate(lengths):
+        ov, oi = oracle.top_k(x[r : r + 1, :length], 512)
+        assert np.array_equal(indices[r], oi[0]) and oracle.same_bits(values[r], ov[0])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64", "int32", "uint8", "int64"])
