@@ -78,14 +78,18 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, help="tokens per call (default: 16384 on GPU, 4096 on CPU)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--configs", help="comma-separated subset of " + ",".join(c[0] for c in CONFIGS))
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
+    wanted = set(args.configs.split(",")) if args.configs else {c[0] for c in CONFIGS}
     backend = jax.default_backend()
     tokens = args.tokens or (4096 if backend == "cpu" else 16384)
     bandwidth = run.torch_copy_bandwidth() if backend != "cpu" else None
 
     rows = []
     for name, preset, experts in CONFIGS:
+        if name not in wanted:
+            continue
         shape = RouteShape(tokens, experts, preset.k, args.dtype)
         bias = (jnp.asarray(np.random.default_rng(1).standard_normal(experts).astype(np.float32) * 0.1)
                 if preset.uses_bias else None)

@@ -41,18 +41,25 @@ __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_max_propagating(float v) {
+// Reductions over segments of kWidth lanes (a token's lanes; the whole warp
+// when kWidth == 32).
+template <int kWidth>
+__device__ __forceinline__ float segment_max_propagating(float v) {
 #pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-    v = rm::max_propagating(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    v = rm::max_propagating(v, __shfl_xor_sync(kFullMask, v, offset, kWidth));
   }
   return v;
 }
 
-// The canonical butterfly of rm::butterfly_sum, with shuffles.
-__device__ __forceinline__ double warp_sum(double v) {
+// The canonical butterfly of rm::butterfly_sum, with shuffles. A segment of
+// kWidth < 32 lanes gives the same value as the 32-lane butterfly whenever
+// the lanes outside it would hold zeros (true here: at most kWidth experts
+// and k <= kWidth): the levels above kWidth / 2 would only add +0.
+template <int kWidth>
+__device__ __forceinline__ double segment_sum(double v) {
 #pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) v = rm::add(v, __shfl_xor_sync(kFullMask, v, offset));
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) v = rm::add(v, __shfl_xor_sync(kFullMask, v, offset, kWidth));
   return v;
 }
 
@@ -252,16 +259,45 @@ __device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const flo
   }
 }
 
-template <DType D, int kSlots>
+// Several tokens per warp (kWidth < 32 lanes each) when a token's experts fit
+// in one slot of a segment: the k best are ranked by shuffles in the segment,
+// and segment lane j receives the j-th.
+template <int kWidth>
+__device__ __forceinline__ void select_in_segment(uint64_t cand, float value, int k, int lane, int32_t* id,
+                                                  float* chosen_value) {
+  int rank = 0;  // candidates are distinct; empty lanes (0) rank after every real one
+#pragma unroll
+  for (int j = 0; j < kWidth; ++j) rank += __shfl_sync(kFullMask, cand, j, kWidth) > cand;
+  const int segment_base = lane & ~(kWidth - 1);
+  const unsigned segment_bits = kWidth == kLanes ? kFullMask : ((1u << kWidth) - 1u) << segment_base;
+  for (int j = 0; j < k; ++j) {
+    const unsigned holders = __ballot_sync(kFullMask, rank == j) & segment_bits;
+    const int source = holders ? __ffs(holders) - 1 : segment_base;
+    const uint64_t c = __shfl_sync(kFullMask, cand, source);
+    const float v = __shfl_sync(kFullMask, value, source);
+    if ((lane & (kWidth - 1)) == j) {
+      *id = rm::candidate_index(c);
+      *chosen_value = v;
+    }
+  }
+}
+
+// Routes one token: `lane` is the lane within the token's segment of kWidth
+// lanes; `active` is false for a segment past the last token (it computes
+// along, for the shuffles, and stores nothing).
+template <DType D, int kSlots, int kWidth>
 __device__ __forceinline__ void route_token(const void* logits, const float* bias, float* weights, int32_t* ids,
-                                            const RouteConfig& cfg, int64_t token, const WarpShared& sh, int lane) {
+                                            const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
+                                            int lane) {
+  static_assert(kWidth == kLanes || kSlots == 1, "segments of a warp hold one slot per lane");
   const int experts = cfg.experts;
   const bool softmax = cfg.score == RouteScore::kSoftmax;
+  const int warp_lane = threadIdx.x % kLanes;
   float z[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int e = s * kLanes + lane;
-    z[s] = e < experts ? load_logit<D>(logits, token * experts + e) : 0.0f;
+    const int e = s * kWidth + lane;
+    z[s] = (active && e < experts) ? load_logit<D>(logits, token * experts + e) : 0.0f;
   }
 
   float m = 0.0f;
@@ -269,9 +305,9 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
     m = -__int_as_float(0x7F800000);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      if (s * kLanes + lane < experts) m = rm::max_propagating(m, z[s]);
+      if (s * kWidth + lane < experts) m = rm::max_propagating(m, z[s]);
     }
-    m = warp_max_propagating(m);
+    m = segment_max_propagating<kWidth>(m);
   }
   // value[s]: what the weight of expert s needs (routing.h, weight()): the
   // numerator when computed here, else the logit (numerator computed for the
@@ -283,9 +319,9 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       value[s] = rm::softmax_exp(z[s], m);
-      if (s * kLanes + lane < experts) partial = rm::add(partial, double(value[s]));
+      if (s * kWidth + lane < experts) partial = rm::add(partial, double(value[s]));
     }
-    softmax_sum = warp_sum(partial);
+    softmax_sum = segment_sum<kWidth>(partial);
   }
 
   uint64_t cand[kSlots];
@@ -294,31 +330,36 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
     uint32_t key[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int e = s * kLanes + lane;
+      const int e = s * kWidth + lane;
       if (!softmax) value[s] = score_of(cfg.score, z[s]);
       const float sv = softmax ? float(rm::div(double(value[s]), softmax_sum)) : value[s];
-      const float c = (b && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
+      const float c = (b && active && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
       key[s] = rm::selection_key(c);
-      if (cfg.n_groups > 0 && e < experts) {
-        sh.c[e] = c;
-        sh.key[e] = key[s];
+      if constexpr (kWidth == kLanes) {
+        if (cfg.n_groups > 0 && e < experts) {
+          sh.c[e] = c;
+          sh.key[e] = key[s];
+        }
       }
     }
-    if (cfg.n_groups > 0) {
-      __syncwarp();
-      mark_kept_groups(cfg, sh, lane);
+    if constexpr (kWidth == kLanes) {  // the launcher keeps groups on whole warps
+      if (cfg.n_groups > 0) {
+        __syncwarp();
+        mark_kept_groups(cfg, sh, lane);
+      }
     }
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int e = s * kLanes + lane;
-      const bool eligible = cfg.n_groups == 0 || (e < experts && sh.kept[e]);
+      const int e = s * kWidth + lane;
+      bool eligible = true;
+      if constexpr (kWidth == kLanes) eligible = cfg.n_groups == 0 || (e < experts && sh.kept[e]);
       cand[s] = e < experts ? rm::pack_candidate(eligible, key[s], e) : 0;
     }
   } else {
     const bool degenerate = softmax && !(m - m == 0.0f);  // every softmax score is NaN
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int e = s * kLanes + lane;
+      const int e = s * kWidth + lane;
       cand[s] = e < experts ? rm::pack_candidate(true, rm::selection_key(degenerate ? m - m : z[s]), e) : 0;
       if (!cfg.needs_softmax_sum()) value[s] = z[s];
     }
@@ -326,34 +367,43 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
 
   int32_t my_id = 0;
   float my_value = 0.0f;
-  select_top_k<kSlots>(cand, value, cfg.k, sh, lane, &my_id, &my_value);
+  if constexpr (kSlots == 1) {
+    select_in_segment<kWidth>(cand[0], value[0], cfg.k, warp_lane, &my_id, &my_value);
+  } else {
+    select_top_k<kSlots>(cand, value, cfg.k, sh, lane, &my_id, &my_value);
+  }
   const bool have_numerators = cfg.needs_softmax_sum() || cfg.selects_by_score();
   const float numerator = have_numerators ? my_value
                           : softmax       ? rm::softmax_exp(my_value, m)
                                           : score_of(cfg.score, my_value);
   double denominator = 1.0;
   if (cfg.renormalize) {
-    denominator = warp_sum(lane < cfg.k ? double(numerator) : 0.0);
+    denominator = segment_sum<kWidth>(lane < cfg.k ? double(numerator) : 0.0);
   } else if (softmax) {
     denominator = softmax_sum;
   }
-  if (lane < cfg.k) {
+  if (active && lane < cfg.k) {
     weights[token * cfg.k + lane] = rm::weight(numerator, denominator, cfg.scale);
     ids[token * cfg.k + lane] = my_id;
   }
 }
 
-template <DType D, int kSlots>
+template <DType D, int kSlots, int kWidth>
 __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
     route_tokens_kernel(const void* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
                         int32_t* __restrict__ ids, RouteConfig cfg) {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
-  const int lane = threadIdx.x % kLanes;
+  constexpr int kTokensPerWarp = kLanes / kWidth;
+  const int lane = threadIdx.x % kWidth;
+  const int segment = (threadIdx.x % kLanes) / kWidth;
   const int warp = threadIdx.x / kLanes;
   const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg), cfg);
-  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
-  for (int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + warp; token < cfg.tokens; token += stride) {
-    route_token<D, kSlots>(logits, bias, weights, ids, cfg, token, sh, lane);
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kTokensPerWarp;
+  // The loop bound is the same for the whole warp (its shuffles need every lane).
+  for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kTokensPerWarp; first < cfg.tokens;
+       first += stride) {
+    const int64_t token = first + segment;
+    route_token<D, kSlots, kWidth>(logits, bias, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
     if (cfg.n_groups > 0) __syncwarp();  // sh.c, sh.key and sh.kept are rewritten by the next token
   }
 }
@@ -385,7 +435,7 @@ cudaError_t device_limits(DeviceLimits* out) {
   return cudaSuccess;
 }
 
-template <DType D, int kSlots>
+template <DType D, int kSlots, int kWidth = kLanes>
 cudaError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
                    cudaStream_t stream) {
   DeviceLimits dev;
@@ -396,24 +446,29 @@ cudaError_t launch(const void* logits, const float* bias, float* weights, int32_
   if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
     static bool opted_in = false;
     if (!opted_in) {
-      err = cudaFuncSetAttribute(route_tokens_kernel<D, kSlots>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      err = cudaFuncSetAttribute(route_tokens_kernel<D, kSlots, kWidth>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  dev.max_shared);
       if (err != cudaSuccess) return err;
       opted_in = true;
     }
   }
   // Enough warps for every SM to hide load latency; more tokens loop.
-  const int64_t blocks_needed = (cfg.tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  constexpr int64_t kTokensPerBlock = kWarpsPerBlock * (kLanes / kWidth);
+  const int64_t blocks_needed = (cfg.tokens + kTokensPerBlock - 1) / kTokensPerBlock;
   const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(dev.sms) * 16);
-  route_tokens_kernel<D, kSlots><<<unsigned(blocks), kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights,
-                                                                                              ids, cfg);
+  route_tokens_kernel<D, kSlots, kWidth>
+      <<<unsigned(blocks), kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights, ids, cfg);
   return cudaGetLastError();
 }
 
-// Slots per lane: the smallest of these holding experts / 32.
+// Slots per lane: the smallest of these holding experts / 32. Up to 16
+// experts without groups: several tokens per warp, one lane per expert.
 template <DType D>
 cudaError_t launch_for_experts(const void* logits, const float* bias, float* weights, int32_t* ids,
                                const RouteConfig& cfg, cudaStream_t stream) {
+  if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(logits, bias, weights, ids, cfg, stream);
+  if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(logits, bias, weights, ids, cfg, stream);
+  if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(logits, bias, weights, ids, cfg, stream);
   const int slots = (cfg.experts + kLanes - 1) / kLanes;
   if (slots <= 1) return launch<D, 1>(logits, bias, weights, ids, cfg, stream);
   if (slots <= 2) return launch<D, 2>(logits, bias, weights, ids, cfg, stream);
