@@ -11,6 +11,7 @@
 //        ./topk_selftest --bench    timings of the benchmark grid (float32)
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
+//        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
 //
 // Correctness: every case runs twice (different output poison, different
 // scratch garbage) and must match the oracle (ordered keys from keys.h,
@@ -372,6 +373,7 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
 bool g_dry_run = false;  // count cases and elements only (no GPU needed)
 bool g_lengths_only = false;  // --lengths: only the cases with per-row lengths
 bool g_quick = false;         // --quick: lengths cases for one dtype per key width only
+int64_t g_max_elements = INT64_MAX;  // --max-elements N: skip larger cases (sanitizer runs)
 int64_t g_dry_cases = 0, g_dry_elements = 0;
 
 void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false,
@@ -379,6 +381,7 @@ void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misali
   static uint64_t seed = 12345;
   ++seed;  // before the filter: a case has the same seed with and without --lengths
   if (g_lengths_only && lengths == Lengths::kNone) return;
+  if (rows * n > g_max_elements) return;
   // Kernels are per key width; --quick (also the sanitizer runs) keeps the
   // lengths cases to one dtype per width.
   if (g_quick && lengths != Lengths::kNone && d != DType::float32 && d != DType::bfloat16 &&
@@ -819,8 +822,10 @@ int main(int argc, char** argv) {
     else if (a == "--big") big = true;
     else if (a == "--dry-run") dry = true;
     else if (a == "--lengths") g_lengths_only = true;
+    else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--max-elements N]\n",
+                   argv[0]);
       return 2;
     }
   }
