@@ -71,6 +71,18 @@ class BestK {
   int32_t filled_ = 0;
 };
 
+// Rows of at most this many experts are selected by insertion (BestK) rather
+// than by the top-k kernel, whose per-row setup would dominate.
+constexpr int32_t kSmallRow = 32;
+
+// The k largest keys of a short row, best first (ties: lower index), as ids.
+void select_in_row(const uint32_t* key, int32_t n, int32_t k, int32_t* ids) {
+  uint64_t best[kRouteMaxK];
+  BestK top(best, k);
+  for (int32_t i = 0; i < n; ++i) top.offer(rm::pack_candidate(true, key[i], i));
+  for (int32_t j = 0; j < k; ++j) ids[j] = rm::candidate_index(best[j]);
+}
+
 // The softmax shift: max of z[0..n), NaN if any is NaN. Vectorised as a
 // signed-integer max of the float bits with the negative floats' magnitude
 // bits flipped (an order-preserving map for non-NaN floats). Which NaN, and
@@ -154,7 +166,7 @@ void token_keys(const void* logits, const float* bias, const RouteConfig& cfg, i
     double partial[kRouteLanes] = {};
     for (int32_t i = 0; i < experts; ++i) s[i] = rm::softmax_exp(z[i], m);  // numerators e_i
     for (int32_t i = 0; i < experts; ++i) partial[i % kRouteLanes] = rm::add(partial[i % kRouteLanes], double(s[i]));
-    b.softmax_sum[slot] = rm::butterfly_sum(partial);
+    b.softmax_sum[slot] = rm::butterfly_sum(partial, rm::butterfly_width(experts));
   }
   if (!cfg.selects_by_score()) {
     const bool degenerate = softmax && !(m - m == 0.0f);  // m is NaN or +-inf: every score is NaN
@@ -198,7 +210,7 @@ void token_weights(const void* logits, const RouteConfig& cfg, int64_t token, in
   for (int32_t j = 0; j < cfg.k; ++j) numerator[j] = float(lanes[j]);
   double denominator = 1.0;
   if (cfg.renormalize) {
-    denominator = rm::butterfly_sum(lanes);
+    denominator = rm::butterfly_sum(lanes, rm::butterfly_width(cfg.k));
   } else if (softmax) {
     denominator = b.softmax_sum[slot];
   }
@@ -218,9 +230,15 @@ void route_all(const void* logits, const float* bias, float* weights, int32_t* i
     const int64_t count = std::min(cfg.tokens, begin + per_task) - begin;
     Block b(cfg, count);
     for (int64_t t = 0; t < count; ++t) token_keys<D>(logits, bias, cfg, begin + t, t, b);
-    SerialRunner serial;
-    topk_rows(DType::uint32, b.key.data(), b.chosen_keys.data(), ids + begin * cfg.k, count, cfg.experts, cfg.k,
-              nullptr, serial);
+    if (cfg.experts <= kSmallRow) {  // per-row setup of the top-k kernel would dominate
+      for (int64_t t = 0; t < count; ++t) {
+        select_in_row(b.key.data() + t * cfg.experts, cfg.experts, cfg.k, ids + (begin + t) * cfg.k);
+      }
+    } else {
+      SerialRunner serial;
+      topk_rows(DType::uint32, b.key.data(), b.chosen_keys.data(), ids + begin * cfg.k, count, cfg.experts, cfg.k,
+                nullptr, serial);
+    }
     for (int64_t t = 0; t < count; ++t) {
       token_weights<D>(logits, cfg, begin + t, t, b, weights + (begin + t) * cfg.k, ids + (begin + t) * cfg.k);
     }

@@ -218,12 +218,22 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int32_t candidate_index(uint64_t pack
 
 // The canonical sum of 32 partial sums: what a warp's xor butterfly leaves in
 // every lane (addition commutes exactly, so lane 0's value is this halving
-// tree: v[i] += v[i + offset] for offset 16, 8, 4, 2, 1).
-JAX_TOPK_HOST_DEVICE inline double butterfly_sum(double (&partial)[kRouteLanes]) {
-  for (int offset = kRouteLanes / 2; offset > 0; offset /= 2) {
+// tree: v[i] += v[i + offset] for offset 16, 8, 4, 2, 1). When only the first
+// `width` (a power of two) partial sums can be nonzero, the levels above
+// width / 2 only add +0, which changes no sum of non-negative terms (nor a
+// NaN): they are skipped.
+JAX_TOPK_HOST_DEVICE inline double butterfly_sum(double (&partial)[kRouteLanes], int width = kRouteLanes) {
+  for (int offset = width / 2; offset > 0; offset /= 2) {
     for (int i = 0; i < offset; ++i) partial[i] = add(partial[i], partial[i + offset]);
   }
   return partial[0];
+}
+
+// The smallest power of two >= n (n <= 32): the width of butterfly_sum's nonzero lanes.
+JAX_TOPK_HOST_DEVICE inline int butterfly_width(int n) {
+  int width = 1;
+  while (width < n && width < kRouteLanes) width *= 2;
+  return width;
 }
 
 // A weight from its score: numerator / denominator * scale in float32, the
