@@ -1,7 +1,8 @@
 // CPU fused MoE routing. Per block of tokens: load each token's logits once
 // into float32, score them with the shared IEEE-only math of jax_topk/routing.h
 // (vectorised loops over experts) into selection keys; select with the
-// library's CPU top-k kernel over the keys; write k weights and ids. Sums are
+// library's CPU top-k kernel over the keys (by insertion for rows of at most
+// 32 experts); write k weights and ids. Sums are
 // formed in the canonical 32-lane order, so the CUDA kernel's results are the
 // same bits.
 
@@ -137,7 +138,7 @@ void drop_groups(const RouteConfig& cfg, const float* c, uint32_t* key) {
 
 // A block of tokens: keys for all of them, one call of the CPU top-k kernel
 // over the keys (the unsigned order is the selection order, ties to the lower
-// expert), then the weights.
+// expert; short rows by insertion), then the weights.
 struct Block {
   explicit Block(const RouteConfig& cfg, int64_t tokens)
       : z(cfg.experts), s(cfg.experts), c(cfg.experts), key(tokens * cfg.experts),
