@@ -39,6 +39,11 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
   return $rc
 }
 
+build_selftest() {  # the standalone CUDA self-test (no JAX), used by several steps
+  step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
+    csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/summary.txt" 2>&1
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" >>"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
@@ -49,15 +54,12 @@ python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
 for s in "$@"; do
   case $s in
     selftest)
-      step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
-        csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST" &&
-        step selftest 300 "$SELFTEST" ;;
+      build_selftest && step selftest 300 "$SELFTEST" ;;
     tests)
       step tests_cpu 200 pytest -q -x -p no:warnings -p no:cacheprovider tests
       JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider tests ;;
     sanitize)
-      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
-        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      [[ -x $SELFTEST ]] || build_selftest
       step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --quick
       step synccheck 300 compute-sanitizer --tool synccheck --error-exitcode 1 "$SELFTEST" --quick
       # racecheck over every kernel at once outruns a call; one kernel family at a
@@ -73,8 +75,7 @@ for s in "$@"; do
       JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu_quick 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_top_k.py tests/test_top_k_gpu.py tests/test_lengths.py ;;
     kbench)
-      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
-        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      [[ -x $SELFTEST ]] || build_selftest
       step kbench 200 "$SELFTEST" --bench ;;
     overhead)
       step overhead 200 python3 benchmarks/call_overhead.py
@@ -82,8 +83,7 @@ for s in "$@"; do
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     lengths)
-      [[ -x $SELFTEST ]] || step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 \
-        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+      [[ -x $SELFTEST ]] || build_selftest
       step selftest_lengths 300 "$SELFTEST" --lengths
       step memcheck_lengths 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --lengths --quick ;;
     ragged)

@@ -89,6 +89,13 @@ inline ffi::Error row_geometry(const char* op, const ffi::AnyBuffer& x,
   return ffi::Error::Success();
 }
 
+// Lengths must hold one int32 per row.
+inline ffi::Error check_lengths_count(const char* op, const ffi::Buffer<ffi::S32>& lengths, int64_t rows) {
+  if (int64_t(lengths.element_count()) == rows) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string(op) + ": lengths has " + std::to_string(lengths.element_count()) +
+                                     " elements, expected one per row (" + std::to_string(rows) + ")");
+}
+
 // A row op's decoded operands: its geometry and, when given, its lengths under
 // the one rule every op follows, the sequence mask arange(n) < lengths (a
 // length <= 0 selects nothing, >= n the whole row).
@@ -104,11 +111,7 @@ inline ffi::Error decode_rows(const char* op, const ffi::AnyBuffer& x, const ffi
                               int64_t out_len, const ffi::Buffer<ffi::S32>* lengths, RowCall* call) {
   if (auto err = row_geometry(op, x, values, out_len, &call->g); err.failure()) return err;
   if (lengths == nullptr) return ffi::Error::Success();
-  if (int64_t(lengths->element_count()) != call->g.rows) {
-    return ffi::Error::InvalidArgument(std::string(op) + ": lengths has " +
-                                       std::to_string(lengths->element_count()) +
-                                       " elements, expected one per row (" + std::to_string(call->g.rows) + ")");
-  }
+  if (auto err = check_lengths_count(op, *lengths, call->g.rows); err.failure()) return err;
   const int32_t* l = lengths->typed_data();
   call->lengths.resize(call->g.rows);
   for (int64_t r = 0; r < call->g.rows; ++r) {

@@ -57,10 +57,8 @@ ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
   if (auto err = ffi_util::row_geometry(kOp, x, values, k, &g); err.failure()) return err;
   // The lengths stay on the device: the kernels apply the sequence-mask rule
   // (clamp to [0, n]) themselves.
-  if (lengths && int64_t(lengths->element_count()) != g.rows) {
-    return ffi::Error::InvalidArgument(std::string(kOp) + ": lengths has " +
-                                       std::to_string(lengths->element_count()) +
-                                       " elements, expected one per row (" + std::to_string(g.rows) + ")");
+  if (lengths) {
+    if (auto err = ffi_util::check_lengths_count(kOp, *lengths, g.rows); err.failure()) return err;
   }
   const auto dtype = ffi_util::to_dtype(x.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());

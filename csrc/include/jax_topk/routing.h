@@ -110,7 +110,6 @@ inline int32_t float_to_bits(float f) {
 #endif
 
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE bool is_nan(float x) { return !(x == x); }
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float select(bool c, float a, float b) { return c ? a : b; }
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float positive_part(float x) { return x > 0.0f ? x : 0.0f; }
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE float negative_abs(float x) {
   return bits_to_float(float_to_bits(x) | int32_t(0x80000000u));
