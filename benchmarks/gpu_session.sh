@@ -9,6 +9,8 @@
 #   bench_sort benchmarks/run.py --op sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
+#   trace      GPU timeline of those executables: kernel time against gaps
+#              (benchmarks/trace_calls.py), with and without XLA command buffers
 #   lengths    the self-test's per-row lengths cases, plain and under memcheck
 #   ragged     benchmarks/ragged.py: the ragged top-k case (lengths= against lax.top_k)
 #   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
@@ -80,6 +82,10 @@ for s in "$@"; do
     overhead)
       step overhead 200 python3 benchmarks/call_overhead.py
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;
+    trace)
+      step trace 300 python3 benchmarks/trace_calls.py --json "$OUT/trace.json"
+      XLA_FLAGS=--xla_gpu_enable_command_buffer= step trace_no_cmdbuf 300 python3 benchmarks/trace_calls.py \
+        --json "$OUT/trace_no_cmdbuf.json" ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     lengths)

@@ -1,0 +1,97 @@
+"""Where the time of one jitted executable of R top-k calls goes, on the GPU.
+
+`benchmarks/run.py` divides the wall time of an executable of R calls by R.
+This script records the same executable's GPU activity (CUPTI, through
+torch.profiler) and splits that time into kernel time and the gaps between
+kernels, per op:
+
+    span/R   first kernel start to last kernel end, per op
+    busy/R   summed kernel (and memset/memcpy) durations, per op
+    gap/R    span - busy: the GPU idle between this executable's kernels
+    kernels  kernels per op, and the top kernel names by total time
+
+A large gap with a short kernel means launches (host work per call) set the
+pace; a kernel far slower here than in the self-test's --bench means the
+kernel itself behaves differently inside XLA (cold L2, other streams).
+
+    python benchmarks/trace_calls.py [--shapes 16384x64:2,...] [--replicas 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+
+import jax
+
+import jax_topk
+from jax_topk import _bench
+
+
+def trace(op, inputs, replays: int = 5) -> dict:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    run = jax.jit(lambda *xs: [op(x) for x in xs])
+    jax.block_until_ready(run(*inputs))
+    spans, busies, counts = [], [], []
+    names: collections.Counter = collections.Counter()
+    for _ in range(replays):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            jax.block_until_ready(run(*inputs))
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        if not kernels:
+            return {"error": "no CUDA activity recorded (CUPTI unavailable?)"}
+        start = min(e.time_range.start for e in kernels)
+        end = max(e.time_range.end for e in kernels)
+        spans.append(end - start)
+        busies.append(sum(e.time_range.elapsed_us() for e in kernels))
+        counts.append(len(kernels))
+        for e in kernels:
+            names[e.name[:60]] += e.time_range.elapsed_us()
+    r = len(inputs)
+    span, busy = statistics.median(spans), statistics.median(busies)
+    return {
+        "span_us_per_op": span / r,
+        "busy_us_per_op": busy / r,
+        "gap_us_per_op": (span - busy) / r,
+        "kernels_per_op": statistics.median(counts) / r,
+        "top_kernels_us_per_op": {k: v / replays / r for k, v in names.most_common(4)},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="16384x64:2,16384x256:8,4096x2048:16,1024x8192:256,1x131072:2048")
+    parser.add_argument("--replicas", type=int, default=32)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args()
+    flags = os.environ.get("XLA_FLAGS", "")
+    print(f"XLA_FLAGS={flags!r}  device={_bench.device_name()}")
+    out = []
+    for shape in _bench.parse_shapes(args.shapes):
+        inputs = _bench.make_inputs(shape, args.replicas)
+        for name, op in (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
+                         ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k))):
+            wall = _bench.time_per_op(op, inputs, repeats=10) * 1e6
+            t = trace(op, inputs)
+            t.update(shape=str(shape), op=name, wall_us_per_op=wall, xla_flags=flags)
+            out.append(t)
+            if "error" in t:
+                print(f"{str(shape):<18} {name:<9} {t['error']}")
+                continue
+            print(f"{str(shape):<18} {name:<9} wall {wall:8.1f}  span {t['span_us_per_op']:8.1f}  "
+                  f"busy {t['busy_us_per_op']:8.1f}  gap {t['gap_us_per_op']:7.1f}  "
+                  f"kernels/op {t['kernels_per_op']:.1f}  top {json.dumps({k: round(v, 1) for k, v in t['top_kernels_us_per_op'].items()})}",
+                  flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
