@@ -2,11 +2,20 @@
 jax_topk`` and ``benchmarks/run.py``.
 
 Per-op device time: one jitted executable applies the op to R distinct inputs
-(R large enough on GPU that launch overhead is amortised; 1 on CPU, where an
-op takes milliseconds), the median of several replays divided by R. Every
-contender runs in the same process on the same inputs. Each row reports the
-memory floor (input read once, outputs written once, at the copy bandwidth
-measured in the same run) and the fraction of it reached.
+(R large on GPU; 1 on CPU, where an op takes milliseconds), the median of
+several replays divided by R. Every contender runs in the same process on the
+same inputs. Each row reports the memory floor (input read once, outputs
+written once, at the copy bandwidth measured in the same run) and the fraction
+of it reached.
+
+Two clocks (``OpTime``). On a GPU, with torch importable, the headline is the
+executable's GPU span (first kernel start to last kernel end, recorded by
+CUPTI through ``torch.profiler``) over R: what the device spent, as torch's
+own contenders are timed (CUDA graph + events). The host wall clock over R is
+kept beside it: on an H200 it carried ~17 us per op of PJRT host work for an
+executable of 32 ops with 64 outputs (``benchmarks/trace_calls.py``), which is
+launch overhead, not the op. On CPU, and wherever CUPTI is unavailable, the
+wall clock is the headline.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ class PrecomputedTime:
     (e.g. torch through a CUDA graph): seconds per op."""
 
     seconds: float
+    clock: str = "device"
 
 
 _SHAPE_RE = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*[:k=]+\s*(\d+)\s*(?::\s*(\w+))?\s*$")
@@ -109,9 +119,51 @@ def make_inputs(shape: Shape, replicas: int, seed: int = 0) -> list[jax.Array]:
     return out
 
 
-def time_per_op(op: Callable, inputs: Sequence[jax.Array], repeats: int) -> float:
-    """Median seconds per application of ``op`` over ``repeats`` replays of one
-    executable that applies it to every input."""
+@dataclasses.dataclass(frozen=True)
+class OpTime:
+    """Seconds per op: ``seconds`` is the headline (``clock`` says which)."""
+
+    seconds: float
+    wall_seconds: float
+    clock: str  # "device" (GPU span, CUPTI) or "wall" (host clock)
+
+
+def _gpu_span_seconds(run: Callable, inputs: Sequence[jax.Array], repeats: int) -> float | None:
+    """Median GPU span of ``run(*inputs)`` (first kernel start to last kernel
+    end), recorded by CUPTI through torch.profiler; None where that is not
+    available (no torch, no CUDA, no activity recorded)."""
+    if jax.default_backend() != "gpu":
+        return None
+    try:
+        import warnings
+
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    spans = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle"
+        for _ in range(repeats):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                jax.block_until_ready(run(*inputs))
+            events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+            if not events:
+                return None
+            start = min(e.time_range.start for e in events)
+            end = max(e.time_range.end for e in events)
+            spans.append((end - start) * 1e-6)
+    return statistics.median(spans)
+
+
+def measure(op: Callable, inputs: Sequence[jax.Array], repeats: int, *, device_clock: bool = True) -> OpTime:
+    """Seconds per application of ``op``: one executable applies it to every
+    input; medians over ``repeats`` replays of the host wall clock and (on a
+    GPU, where CUPTI is reachable, unless ``device_clock`` is False) of the
+    GPU span."""
     run = jax.jit(lambda *xs: [op(x) for x in xs])
     jax.block_until_ready(run(*inputs))  # compile and warm up
     times = []
@@ -119,7 +171,16 @@ def time_per_op(op: Callable, inputs: Sequence[jax.Array], repeats: int) -> floa
         start = time.perf_counter()
         jax.block_until_ready(run(*inputs))
         times.append(time.perf_counter() - start)
-    return statistics.median(times) / len(inputs)
+    wall = statistics.median(times) / len(inputs)
+    span = _gpu_span_seconds(run, inputs, repeats) if device_clock else None
+    if span is None:
+        return OpTime(wall, wall, "wall")
+    return OpTime(span / len(inputs), wall, "device")
+
+
+def time_per_op(op: Callable, inputs: Sequence[jax.Array], repeats: int) -> float:
+    """The headline seconds per op of ``measure``."""
+    return measure(op, inputs, repeats).seconds
 
 
 def copy_bandwidth(repeats: int = 10) -> float:
@@ -139,7 +200,7 @@ def copy_bandwidth(repeats: int = 10) -> float:
             times.append(time.perf_counter() - start)
         return 2 * src.nbytes / statistics.median(times)
     x = jnp.ones((1 << 30) // 4, jnp.float32)
-    seconds = time_per_op(lambda a: a + 1.0, [x], repeats)
+    seconds = measure(lambda a: a + 1.0, [x], repeats).seconds
     return 2 * (1 << 30) / seconds
 
 
@@ -164,20 +225,24 @@ def run_benchmark(
     rows = []
     for shape in shapes:
         inputs = make_inputs(shape, replicas_for(shape, backend))
-        times = {}
+        times, wall, clocks = {}, {}, {}
         for name, factory in contenders.items():
             bar.step(f"{shape} {shape.dtype}: {name}")
             op = factory(shape)
             if isinstance(op, PrecomputedTime):
                 times[name] = op.seconds * 1e6
+                clocks[name] = op.clock
             elif op is not None:
-                times[name] = time_per_op(op, inputs, repeats) * 1e6
+                t = measure(op, inputs, repeats)
+                times[name], wall[name], clocks[name] = t.seconds * 1e6, t.wall_seconds * 1e6, t.clock
         floor_us = shape.floor_bytes / bandwidth * 1e6
         rows.append(
             {
                 "rows": shape.rows, "n": shape.n, "k": shape.k, "dtype": shape.dtype,
                 "floor_us": floor_us,
                 "times_us": times,
+                "wall_us": wall,
+                "clock": clocks,
                 "floor_fraction": floor_us / times[ours] if ours in times else None,
                 "speedup": times[baseline] / times[ours] if baseline in times and ours in times else None,
             }
@@ -215,11 +280,18 @@ def device_name() -> str:
 def format_table(result: dict) -> str:
     """A fixed-width table: one row per shape, one column per contender."""
     names = list(dict.fromkeys(n for r in result["rows"] for n in r["times_us"]))
-    header = ["shape", "dtype", "floor us"] + [f"{n} us" for n in names] + ["floor %", f"x vs {result['baseline']}"]
+    ours = result["ours"]
+    # The host wall clock of our op, when the headline is the device clock.
+    show_wall = any(r.get("clock", {}).get(ours) == "device" for r in result["rows"])
+    header = ["shape", "dtype", "floor us"] + [f"{n} us" for n in names]
+    header += [f"{ours} wall us"] if show_wall else []
+    header += ["floor %", f"x vs {result['baseline']}"]
     lines = []
     for r in result["rows"]:
         cells = [f"{r['rows']}x{r['n']} k={r['k']}", r["dtype"], f"{r['floor_us']:.1f}"]
         cells += [f"{r['times_us'][n]:.1f}" if n in r["times_us"] else "-" for n in names]
+        if show_wall:
+            cells += [f"{r['wall_us'][ours]:.1f}" if ours in r.get("wall_us", {}) else "-"]
         cells += [f"{100 * r['floor_fraction']:.1f}" if r["floor_fraction"] else "-"]
         cells += [f"{r['speedup']:.2f}" if r["speedup"] else "-"]
         lines.append(cells)
@@ -234,4 +306,8 @@ def format_table(result: dict) -> str:
         f"device: {result['device']} ({result['backend']}), copy bandwidth {result['copy_bandwidth_GBps']:.1f} GB/s, "
         f"median of {result['repeats']} replays"
     )
+    clocks = sorted({c for r in result["rows"] for c in r.get("clock", {}).values()})
+    if "device" in clocks:
+        out.append("times: GPU span per op (CUPTI for JAX executables, CUDA graph + events for torch); "
+                   "'wall' is the host clock per op of the same executable")
     return "\n".join(out)
