@@ -7,6 +7,8 @@
 #              over the self-test's --quick cases
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
+#   sort       the CUDA sort: self-test --sort (with --big: several device-wide chunks),
+#              memcheck and racecheck over its --quick cases, the GPU pytest of sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
 #   trace      GPU timeline of those executables: kernel time against gaps
@@ -43,7 +45,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
 
 build_selftest() {  # the standalone CUDA self-test (no JAX), used by several steps
   step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
-    csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+    csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/summary.txt" 2>&1
@@ -86,6 +88,15 @@ for s in "$@"; do
       step trace 300 python3 benchmarks/trace_calls.py --json "$OUT/trace.json"
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step trace_no_cmdbuf 300 python3 benchmarks/trace_calls.py \
         --json "$OUT/trace_no_cmdbuf.json" ;;
+    sort)
+      [[ -x $SELFTEST ]] || build_selftest
+      step selftest_sort 300 "$SELFTEST" --sort --big
+      step memcheck_sort 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --sort --quick \
+        --max-elements 300000
+      step racecheck_sort 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+        --kernel-name "kns=sort_rows_in_block" "$SELFTEST" --sort --quick --max-elements 65536
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_sort_gpu 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
+        tests/test_sort.py tests/test_sort_gpu.py tests/test_ragged.py ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     lengths)

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 #include "cpu/task_runner.h"
 #include "jax_topk/dtypes.h"
 #include "xla/ffi/api/ffi.h"
@@ -172,6 +176,23 @@ class XlaThreadPoolRunner final : public cpu::TaskRunner {
   ffi::ThreadPool& pool_;
   int64_t threads_;
 };
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+// GPU handlers take their temporaries as an extra result sized at lowering
+// time (the module's workspace_bytes); one lowered for another GPU may be short.
+inline ffi::Error check_workspace(const char* op, size_t given, size_t needed) {
+  if (given >= needed) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                    std::string(op) + ": the workspace holds " + std::to_string(given) +
+                        " bytes but this GPU's kernel needs " + std::to_string(needed) +
+                        " (lowered for another device?)");
+}
+
+inline ffi::Error cuda_status(const char* op, cudaError_t status) {
+  if (status == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(op) + ": CUDA error: " + cudaGetErrorString(status));
+}
+#endif
 
 // Decodes x's dtype and calls kernel(dtype, runner) with XLA's thread pool.
 template <typename Kernel>

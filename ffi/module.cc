@@ -14,8 +14,10 @@
 #if defined(JAX_TOPK_PLATFORM_CUDA)
 #include <stdexcept>
 
+#include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
 #include "ffi/common.h"
+#include "jax_topk/sort_dispatch.h"
 #include "jax_topk/topk_dispatch.h"
 #endif
 
@@ -94,6 +96,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         if (op == "top_k" || op == "top_k_lengths") {
           return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
         }
+        if (op == "sort" || op == "sort_lengths") return int64_t(jax_topk::cuda::sort_scratch_bytes(*d, rows, n));
         throw std::invalid_argument("no workspace rule for op " + op);
       },
       "Bytes of device workspace the op's kernel needs on the current GPU.");
@@ -124,6 +127,10 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
         d["topk_thresholds"] = t;
+        // Row lengths at which the sort changes block shape or regime.
+        nb::list sort_n;
+        for (const auto& shape : jax_topk::kSortBlockShapes) sort_n.append(shape.capacity());
+        d["sort_block_capacities"] = sort_n;
 #endif
         return d;
       },

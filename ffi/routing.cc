@@ -100,10 +100,9 @@ ffi::Error route_cuda(cudaStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ff
   }
   const auto dtype = ffi_util::to_dtype(logits.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, logits.element_type());
-  const cudaError_t status = cuda::route_tokens(*dtype, logits.untyped_data(), cfg.has_bias ? bias.typed_data() : nullptr,
-                                                weights->typed_data(), ids->typed_data(), cfg, stream);
-  if (status != cudaSuccess) return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
-  return ffi::Error::Success();
+  return ffi_util::cuda_status(kOp, cuda::route_tokens(*dtype, logits.untyped_data(),
+                                                       cfg.has_bias ? bias.typed_data() : nullptr,
+                                                       weights->typed_data(), ids->typed_data(), cfg, stream));
 }
 #endif
 

@@ -4,9 +4,13 @@
 
 #include "ffi/common.h"
 #include "ffi/handlers.h"
+#include "jax_topk/sort_dispatch.h"
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 #include "cpu/sort_cpu.h"
+#endif
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+#include "cuda/sort_cuda.h"
 #endif
 
 namespace ffi = ::xla::ffi;
@@ -41,6 +45,44 @@ ffi::Error sort_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<
 }
 #endif
 
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+// Temporaries come in `workspace`, an extra result sized at lowering time (see
+// ffi/topk.cc): capturable into XLA's command buffers.
+ffi::Error sort_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
+                          ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
+                          ffi::Buffer<ffi::U8>& workspace, bool descending) {
+  ffi_util::RowGeometry g;
+  const int64_t n = x.dimensions().size() ? x.dimensions().back() : 0;
+  if (auto err = ffi_util::row_geometry(kOp, x, values, n, &g); err.failure()) return err;
+  if (lengths) {
+    if (auto err = ffi_util::check_lengths_count(kOp, *lengths, g.rows); err.failure()) return err;
+  }
+  const auto dtype = ffi_util::to_dtype(x.element_type());
+  if (!dtype || !sort_cuda_dtype(*dtype)) return ffi_util::unsupported_dtype(kOp, x.element_type());
+  const size_t given = workspace.element_count();
+  if (auto err = ffi_util::check_workspace(kOp, given, cuda::sort_scratch_bytes(*dtype, g.rows, g.n));
+      err.failure()) {
+    return err;
+  }
+  return ffi_util::cuda_status(
+      kOp, cuda::sort_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
+                           descending, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(),
+                           given, stream));
+}
+
+ffi::Error sort_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                     ffi::Result<ffi::Buffer<ffi::S32>> indices, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
+                     bool descending) {
+  return sort_cuda_rows(stream, x, nullptr, *values, *indices, *workspace, descending);
+}
+
+ffi::Error sort_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+                             ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                             ffi::Result<ffi::Buffer<ffi::U8>> workspace, bool descending) {
+  return sort_cuda_rows(stream, x, &lengths, *values, *indices, *workspace, descending);
+}
+#endif
+
 }  // namespace
 }  // namespace jax_topk
 
@@ -60,4 +102,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCpu, jax_topk::sort_lengths_cpu,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<bool>("descending"));
+#endif
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCuda, jax_topk::sort_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<bool>("descending"),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCuda, jax_topk::sort_lengths_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<bool>("descending"),
+                              {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -9,12 +9,23 @@
 
 #include "jax_topk/dtypes.h"
 #include "jax_topk/routing.h"
+#include "jax_topk/sort_dispatch.h"
+
+namespace jax_topk {
+// The sort kernels' dtypes: every dtype on the CPU; keys of at most 32 bits
+// on CUDA (sort_dispatch.h), where 64-bit dtypes take the pure-JAX sort.
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+constexpr bool sort_dtype(DType d) { return sort_cuda_dtype(d); }
+#else
+constexpr bool sort_dtype(DType d) { return any_dtype(d); }
+#endif
+}  // namespace jax_topk
 
 #define JAX_TOPK_FOR_EACH_TARGET(X) \
   X(top_k, "jax_topk_top_k", JaxTopkTopK, 1, 1, any_dtype) \
   X(top_k_lengths, "jax_topk_top_k_lengths", JaxTopkTopKLengths, 1, 1, any_dtype) \
-  X(sort, "jax_topk_sort", JaxTopkSort, 1, 0, any_dtype) \
-  X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 0, any_dtype) \
+  X(sort, "jax_topk_sort", JaxTopkSort, 1, 1, sort_dtype) \
+  X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 1, sort_dtype) \
   X(route, "jax_topk_route", JaxTopkRoute, 1, 1, is_route_dtype)
 
 // JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, cuda_flag, code...) keeps `code` only

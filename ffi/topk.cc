@@ -62,21 +62,15 @@ ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
   }
   const auto dtype = ffi_util::to_dtype(x.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
-  const size_t needed = cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k);
   const size_t given = workspace.element_count();
-  if (given < needed) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(kOp) + ": the workspace holds " + std::to_string(given) +
-                          " bytes but this GPU's kernel needs " + std::to_string(needed) +
-                          " (lowered for another device?)");
+  if (auto err = ffi_util::check_workspace(kOp, given, cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k));
+      err.failure()) {
+    return err;
   }
-  const cudaError_t status =
-      cuda::topk_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n, k,
-                      lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given, stream);
-  if (status != cudaSuccess) {
-    return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
-  }
-  return ffi::Error::Success();
+  return ffi_util::cuda_status(
+      kOp, cuda::topk_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
+                           k, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given,
+                           stream));
 }
 
 ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,

@@ -18,6 +18,7 @@ sort_p = _rows.make_row_primitive(
     reference=lambda x, lengths, *, descending: _keys.sort_reference(x, descending, lengths),
     ops=("sort", "sort_lengths"),
     ffi_attributes=lambda *, descending: {"descending": np.bool_(descending)},
+    workspace_k=lambda n, *, descending: n,
 )
 
 

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "cuda/primitives.cuh"
+#include "cuda/scratch.h"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_radix.cuh"
 #include "cuda/topk_threshold.cuh"
@@ -57,19 +58,6 @@ cudaError_t query_device(DeviceInfo* info) {
   *info = cache[device];
   return cudaSuccess;
 }
-
-constexpr size_t kScratchAlign = 256;
-constexpr size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-// Bump allocator over the caller's scratch (offsets only; base added later).
-struct ScratchCursor {
-  size_t used = 0;
-  size_t take(size_t bytes) {
-    const size_t at = used;
-    used += round_up(bytes, kScratchAlign);
-    return at;
-  }
-};
 
 // Everything topk_rows decides about a problem; topk_scratch_bytes runs the
 // same planning, so the two always agree.
@@ -146,11 +134,6 @@ cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
   p.total_bytes = cur.used;
   *plan = p;
   return cudaSuccess;
-}
-
-template <typename T>
-T* at(void* base, size_t offset) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Standalone GPU self-test and micro-benchmark of jax_topk::cuda::topk_rows
-// (plain CUDA runtime, no JAX). Build from the repository root:
+// and jax_topk::cuda::sort_rows (plain CUDA runtime, no JAX). Build from the
+// repository root:
 //
-//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc/include -Icsrc -gencode arch=compute_90,code=sm_90 csrc/cuda/topk.cu csrc/cuda/tests/topk_selftest.cu -o topk_selftest
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc/include -Icsrc -gencode arch=compute_90,code=sm_90 csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu -o topk_selftest
 //
 // (add -gencode arch=compute_80,code=sm_80 / compute_100,code=sm_100 for other chips)
 //
@@ -12,6 +13,11 @@
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
+//        ./topk_selftest --sort     the sort suite instead (both directions; with --big
+//                                   also several device-wide chunks)
+//
+// Sort cases use the same inputs and lengths; their oracle is the stable sort
+// of the ordered keys, ascending or descending, ties by lower index.
 //
 // Correctness: every case runs twice (different output poison, different
 // scratch garbage) and must match the oracle (ordered keys from keys.h,
@@ -39,9 +45,11 @@
 #include <vector>
 
 #include "cuda/primitives.cuh"
+#include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
 #include "jax_topk/dtypes.h"
 #include "jax_topk/keys.h"
+#include "jax_topk/sort_dispatch.h"
 #include "jax_topk/topk_dispatch.h"
 
 using namespace jax_topk;
@@ -74,6 +82,18 @@ const char* pattern_name(Pattern p) {
     case Pattern::kSpecials: return "specials";
     case Pattern::kAscending: return "ascending";
     case Pattern::kDescending: return "descending";
+  }
+  return "?";
+}
+
+// What a case runs: top-k, or a sort (k = n outputs) in one direction.
+enum class Op { kTopK, kSortAscending, kSortDescending };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kTopK: return "top_k";
+    case Op::kSortAscending: return "sort_ascending";
+    case Op::kSortDescending: return "sort_descending";
   }
   return "?";
 }
@@ -225,12 +245,13 @@ std::vector<int32_t> make_lengths(Lengths mode, int64_t rows, int64_t n, int64_t
   return out;
 }
 
-// The oracle: ordered keys, key descending, index ascending, over the first
-// min(max(lengths[r], 0), n) elements of row r (all of it without lengths);
-// slots past that many hold `lowest` and index -1.
+// The oracle: ordered keys, key descending (ascending: the sort's other
+// direction), index ascending, over the first min(max(lengths[r], 0), n)
+// elements of row r (all of it without lengths); slots past that many hold
+// `lowest` and index -1.
 template <KeyKind Kind, typename U>
 void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, const int32_t* lengths, U lowest,
-                 std::vector<U>* values, std::vector<int32_t>* indices) {
+                 std::vector<U>* values, std::vector<int32_t>* indices, bool ascending = false) {
   values->assign(size_t(rows * k), lowest);
   indices->assign(size_t(rows * k), -1);
   std::vector<U> keys(static_cast<size_t>(n));
@@ -242,7 +263,8 @@ void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, const int32_t* 
     for (int64_t i = 0; i < len; ++i) keys[size_t(i)] = ordered_key<Kind>(row[i]);
     std::iota(order.begin(), order.begin() + len, 0);
     auto better = [&](int32_t a, int32_t b) {
-      return keys[size_t(a)] != keys[size_t(b)] ? keys[size_t(a)] > keys[size_t(b)] : a < b;
+      if (keys[size_t(a)] == keys[size_t(b)]) return a < b;
+      return ascending ? keys[size_t(a)] < keys[size_t(b)] : keys[size_t(a)] > keys[size_t(b)];
     };
     if (take < len) {
       std::nth_element(order.begin(), order.begin() + take, order.begin() + len, better);
@@ -259,29 +281,33 @@ constexpr int kGuardWords = 64;
 
 // Runs one case; returns true when it passed.
 template <typename Traits>
-bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
+bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
               Lengths lengths_mode, int64_t salt, uint64_t seed) {
   using U = typename Traits::Bits;
   constexpr KeyKind Kind = Traits::kKeyKind;
-  const TopkRegime regime = choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count);
+  const bool sort = op != Op::kTopK;
+  const int64_t lengths_k = k;  // sorts: the k of the case still shapes its mixed lengths
+  if (sort) k = n;              // every element is output
+  const char* regime = sort ? sort_regime_name(choose_sort_regime(rows, n))
+                            : topk_regime_name(choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count));
   char label[320];
   std::snprintf(label, sizeof label,
-                "dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s%s salt=%lld regime=%s",
+                "%s dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s%s salt=%lld regime=%s", op_name(op),
                 Traits::kName, (long long)rows, (long long)n, (long long)k, pattern_name(pattern),
-                misaligned ? " misaligned" : "", lengths_name(lengths_mode), (long long)salt,
-                topk_regime_name(regime));
+                misaligned ? " misaligned" : "", lengths_name(lengths_mode), (long long)salt, regime);
 
   std::mt19937_64 rng(seed);
   const int64_t elems = rows * n;
   std::vector<U> host_x(static_cast<size_t>(elems));
   for (int64_t r = 0; r < rows; ++r) fill_row_pattern<Kind, U>(d, pattern, rng, host_x.data() + r * n, n);
   std::vector<int32_t> host_lengths;
-  if (lengths_mode != Lengths::kNone) host_lengths = make_lengths(lengths_mode, rows, n, k, salt, rng);
+  if (lengths_mode != Lengths::kNone) host_lengths = make_lengths(lengths_mode, rows, n, lengths_k, salt, rng);
   const int32_t* lengths = host_lengths.empty() ? nullptr : host_lengths.data();
 
   std::vector<U> want_v;
   std::vector<int32_t> want_i;
-  oracle_topk<Kind, U>(host_x.data(), rows, n, k, lengths, Traits::kLowestBits, &want_v, &want_i);
+  oracle_topk<Kind, U>(host_x.data(), rows, n, k, lengths, Traits::kLowestBits, &want_v, &want_i,
+                       op == Op::kSortAscending);
 
   const int64_t offset = misaligned ? 1 : 0;
   U* d_x_base = nullptr;
@@ -299,7 +325,8 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
     CHECK_CUDA(cudaMalloc(&d_lengths, size_t(rows) * sizeof(int32_t)));
     CHECK_CUDA(cudaMemcpy(d_lengths, lengths, size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
-  const size_t scratch_bytes = jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
+  const size_t scratch_bytes = sort ? jax_topk::cuda::sort_scratch_bytes(d, rows, n)
+                                    : jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
   if (scratch_bytes > 0) CHECK_CUDA(cudaMalloc(&d_scratch, scratch_bytes));
 
   bool ok = true;
@@ -311,11 +338,14 @@ bool run_case(DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool
     CHECK_CUDA(cudaMemset(d_v, poison[run], out_count * sizeof(U)));
     CHECK_CUDA(cudaMemset(d_i, poison[run], out_count * sizeof(int32_t)));
     if (scratch_bytes > 0) CHECK_CUDA(cudaMemset(d_scratch, scratch_garbage[run], scratch_bytes));
-    cudaError_t err = jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
-                                                scratch_bytes, /*stream=*/0);
+    cudaError_t err =
+        sort ? jax_topk::cuda::sort_rows(d, d_x, d_v, d_i, rows, n, op == Op::kSortDescending, d_lengths,
+                                         d_scratch, scratch_bytes, /*stream=*/0)
+             : jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
+                                         scratch_bytes, /*stream=*/0);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();
     if (err != cudaSuccess) {
-      std::printf("FAIL %s: topk_rows returned %s\n", label, cudaGetErrorString(err));
+      std::printf("FAIL %s: the kernel returned %s\n", label, cudaGetErrorString(err));
       ok = false;
       if (err != cudaErrorInvalidValue) {
         std::printf("sticky CUDA error, stopping\n");
@@ -376,6 +406,8 @@ bool g_quick = false;         // --quick: lengths cases for one dtype per key wi
 int64_t g_max_elements = INT64_MAX;  // --max-elements N: skip larger cases (sanitizer runs)
 int64_t g_dry_cases = 0, g_dry_elements = 0;
 
+Op g_op = Op::kTopK;  // what run_one runs (the sort suite sets it per direction)
+
 void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misaligned = false,
              Lengths lengths = Lengths::kNone, int64_t salt = 0) {
   static uint64_t seed = 12345;
@@ -395,7 +427,7 @@ void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misali
   }
   bool ok = false;
   visit_dtype(d, [&](auto traits) {
-    ok = run_case<decltype(traits)>(d, rows, n, k, p, misaligned, lengths, salt, seed);
+    ok = run_case<decltype(traits)>(g_op, d, rows, n, k, p, misaligned, lengths, salt, seed);
   });
   if (ok) {
     ++g_passed;
@@ -811,10 +843,49 @@ void run_bench() {
   CHECK_CUDA(cudaEventDestroy(e1));
 }
 
+// The sort suite: every dtype the CUDA sort takes, both directions, row
+// lengths around each block capacity and on the device-wide path, with and
+// without per-row lengths (k of a case only shapes its mixed lengths).
+void run_sort_suite(bool quick, bool big) {
+  std::vector<int64_t> ns = {1, 2, 3, 31, 5000, 70001};
+  for (const auto& shape : kSortBlockShapes) {
+    for (int64_t d : {-1, 0, 1}) ns.push_back(shape.capacity() + d);
+  }
+  std::vector<DType> dtypes;
+  for (DType d : kAllDtypes) {
+    if (sort_cuda_dtype(d)) dtypes.push_back(d);
+  }
+  for (Op op : {Op::kSortAscending, Op::kSortDescending}) {
+    g_op = op;
+    for (DType d : dtypes) {
+      run_one(d, 0, 5, 0, Pattern::kRandomBits);
+      run_one(d, 3, 0, 0, Pattern::kRandomBits);
+      for (int64_t n : ns) {
+        const int64_t rows = n > 4096 ? 3 : 37;
+        for (Pattern p : kAllPatterns) {
+          if (quick && p != Pattern::kFewValues && p != Pattern::kSpecials) continue;
+          if (d != DType::float32 && p != Pattern::kSpecials && p != Pattern::kFewValues) continue;
+          run_one(d, rows, n, 0, p);
+        }
+        run_one(d, rows, n, 0, Pattern::kGaussian, /*misaligned=*/true);
+        run_all_lengths(d, rows, n, std::max<int64_t>(1, n / 3), Pattern::kFewValues);
+      }
+    }
+    run_one(DType::float32, 300, 256, 0, Pattern::kGaussian);  // more rows than one wave of blocks
+    if (big) {
+      // Several device-wide chunks (kSortDeviceMaxChunkElements each).
+      const int64_t n = 1 << 20, rows = kSortDeviceMaxChunkElements / n + 1;
+      run_one(DType::uint8, rows, n, 0, Pattern::kFewValues);
+      run_lengths(DType::bfloat16, rows, n, n / 2, Pattern::kSpecials);
+    }
+  }
+  g_op = Op::kTopK;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool bench = false, quick = false, big = false, dry = false;
+  bool bench = false, quick = false, big = false, dry = false, sort = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bench") bench = true;
@@ -822,9 +893,10 @@ int main(int argc, char** argv) {
     else if (a == "--big") big = true;
     else if (a == "--dry-run") dry = true;
     else if (a == "--lengths") g_lengths_only = true;
+    else if (a == "--sort") sort = true;
     else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--max-elements N]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N]\n",
                    argv[0]);
       return 2;
     }
@@ -832,7 +904,7 @@ int main(int argc, char** argv) {
   if (dry) {  // what the suite would run, on a 132-SM device
     g_dry_run = true;
     g_sm_count = 132;
-    run_suite(quick, big);
+    sort ? run_sort_suite(quick, big) : run_suite(quick, big);
     std::printf("%lld cases, %.1f M elements\n", (long long)g_dry_cases, double(g_dry_elements) / 1e6);
     return 0;
   }
@@ -847,7 +919,7 @@ int main(int argc, char** argv) {
     run_bench();
     return 0;
   }
-  run_suite(quick, big);
+  sort ? run_sort_suite(quick, big) : run_suite(quick, big);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -78,4 +78,16 @@ bool visit_dtype(DType d, F&& f) {
 // ffi/targets.h; other op families list fewer).
 constexpr bool any_dtype(DType) { return true; }
 
+// Bytes of one element (of its storage type).
+constexpr int dtype_bytes(DType d) {
+  switch (d) {
+#define JAX_TOPK_DTYPE_BYTES(name, ffi, bits, kind, lowest) \
+  case DType::name:                                          \
+    return int(sizeof(bits));
+    JAX_TOPK_FOR_EACH_DTYPE(JAX_TOPK_DTYPE_BYTES)
+#undef JAX_TOPK_DTYPE_BYTES
+  }
+  return 0;
+}
+
 }  // namespace jax_topk
