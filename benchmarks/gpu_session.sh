@@ -7,6 +7,7 @@
 #              over the self-test's --quick cases
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
+#   trace_sort the GPU timeline of the sort's kernels (benchmarks/trace_calls.py --op sort)
 #   sort       the CUDA sort: self-test --sort (with --big: several device-wide chunks),
 #              memcheck and racecheck over its --quick cases, the GPU pytest of sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
@@ -97,6 +98,9 @@ for s in "$@"; do
         --kernel-name "kns=sort_rows_in_block" "$SELFTEST" --sort --quick --max-elements 65536
       JAX_TOPK_TEST_PLATFORM=gpu step tests_sort_gpu 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_sort.py tests/test_sort_gpu.py tests/test_ragged.py ;;
+    trace_sort)
+      step trace_sort 300 python3 benchmarks/trace_calls.py --op sort --replicas 8 \
+        --shapes 16384x256:256,4096x2048:2048,1024x8192:8192,64x65536:65536 --json "$OUT/trace_sort.json" ;;
     bench_sort)
       step bench_sort 300 python3 benchmarks/run.py --op sort --out "$OUT" ;;
     lengths)

@@ -1,4 +1,4 @@
-"""Where the time of one jitted executable of R top-k calls goes, on the GPU.
+"""Where the time of one jitted executable of R top-k (or sort) calls goes, on the GPU.
 
 `benchmarks/run.py` divides the wall time of an executable of R calls by R.
 This script records the same executable's GPU activity (CUPTI, through
@@ -14,7 +14,7 @@ A large gap with a short kernel means launches (host work per call) set the
 pace; a kernel far slower here than in the self-test's --bench means the
 kernel itself behaves differently inside XLA (cold L2, other streams).
 
-    python benchmarks/trace_calls.py [--shapes 16384x64:2,...] [--replicas 32]
+    python benchmarks/trace_calls.py [--shapes 16384x64:2,...] [--replicas 32] [--op sort]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def trace(op, inputs, replays: int = 5) -> dict:
         "busy_us_per_op": busy / r,
         "gap_us_per_op": (span - busy) / r,
         "kernels_per_op": statistics.median(counts) / r,
-        "top_kernels_us_per_op": {k: v / replays / r for k, v in names.most_common(4)},
+        "top_kernels_us_per_op": {k: v / replays / r for k, v in names.most_common(6)},
     }
 
 
@@ -68,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="16384x64:2,16384x256:8,4096x2048:16,1024x8192:256,1x131072:2048")
     parser.add_argument("--replicas", type=int, default=32)
+    parser.add_argument("--op", choices=("top_k", "sort"), default="top_k")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "")
@@ -75,8 +76,13 @@ def main() -> None:
     out = []
     for shape in _bench.parse_shapes(args.shapes):
         inputs = _bench.make_inputs(shape, args.replicas)
-        for name, op in (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
-                         ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k))):
+        if args.op == "sort":
+            ops = (("jax_topk", lambda x: jax_topk.sort(x, descending=True)),
+                   ("argsort", lambda x: jax.numpy.argsort(x, axis=-1, stable=True, descending=True)))
+        else:
+            ops = (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
+                   ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k)))
+        for name, op in ops:
             wall = _bench.measure(op, inputs, repeats=10, device_clock=False).wall_seconds * 1e6
             t = trace(op, inputs)
             t.update(shape=str(shape), op=name, wall_us_per_op=wall, xla_flags=flags)

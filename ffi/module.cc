@@ -127,10 +127,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
         d["topk_thresholds"] = t;
-        // Row lengths at which the sort changes block shape or regime.
+        // Row lengths at which the sort changes its warp slots, block shape or regime.
         nb::list sort_n;
+        for (int64_t c = jax_topk::kWarpSizeForSort; c <= jax_topk::kSortWarpMaxN; c *= 2) sort_n.append(c);
         for (const auto& shape : jax_topk::kSortBlockShapes) sort_n.append(shape.capacity());
-        d["sort_block_capacities"] = sort_n;
+        d["sort_thresholds_n"] = sort_n;
 #endif
         return d;
       },

@@ -22,11 +22,11 @@ if GPU is None:
 
 
 def sort_boundaries() -> list[int]:
-    """Row lengths just below, at and above each block capacity the CUDA
-    module reports, plus lengths on the device-wide path."""
+    """Row lengths just below, at and above each threshold the CUDA module
+    reports (warp slots, block shapes), plus lengths on the device-wide path."""
     ns = {1, 2, 3, 31, 5000, 40000, (1 << 17) + 3}
     info = jax_topk.info()["platforms"].get("cuda", {})
-    for capacity in info.get("build", {}).get("sort_block_capacities", []):
+    for capacity in info.get("build", {}).get("sort_thresholds_n", []):
         ns.update({capacity - 1, capacity, capacity + 1})
     return sorted(ns)
 

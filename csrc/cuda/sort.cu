@@ -8,6 +8,13 @@
 // Output slot j of a row of length L holds the j-th sorted element when
 // j < L, else the dtype's lowest value and index -1.
 //
+// - kRowInWarp (n <= kSortWarpMaxN): one warp per row; each element becomes
+//   packed (t, ~index) with t = the key (descending) or its complement
+//   (ascending), slots past the length (t = 0, ~index) and past the row (0)
+//   fall below every element; a bitonic network sorts the packed values
+//   descending (distinct values: one result). Lane l's slot e holds element
+//   32e + l on load (coalesced) and network position E*l + e: stages with
+//   stride >= E swap across lanes by shuffles, the rest in registers.
 // - kRowInBlock (n <= kSortBlockMaxN): one block per row, the row in
 //   registers (blocked: thread t holds elements t*items .. t*items+items-1),
 //   cub::BlockRadixSort of (sort key, index) pairs, written back striped
@@ -56,6 +63,91 @@ __device__ JAX_TOPK_FORCE_INLINE void write_sorted_slot(bool real, U sort_key, i
                                                         U* values, int32_t* indices, int64_t at) {
   values[at] = real ? map.bits(sort_key) : pad_bits;
   indices[at] = real ? index : int32_t(-1);
+}
+
+// ---------------------------------------------------------------------------
+// kRowInWarp
+inline constexpr int kSortWarpThreads = 128;
+
+// Sorts the warp's 32 * E packed values descending; lane l's v[e] is network
+// position E * l + e. Runs (sizes) alternate direction by the position's
+// `size` bit; the last run is descending everywhere.
+template <int E>
+__device__ JAX_TOPK_FORCE_INLINE void warp_bitonic_sort_desc(uint64_t (&v)[E], int lane) {
+JAX_TOPK_UNROLL
+  for (int size = 2; size <= 32 * E; size *= 2) {
+JAX_TOPK_UNROLL
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      if (stride >= E) {  // partner: the same slot of lane ^ (stride / E)
+        const bool lower = (lane & (stride / E)) == 0;
+JAX_TOPK_UNROLL
+        for (int e = 0; e < E; ++e) {
+          const bool desc = (((lane * E) + e) & size) == 0;
+          const uint64_t other = shfl_xor_wide(v[e], stride / E);
+          v[e] = (lower == desc) ? max_of(v[e], other) : min_of(v[e], other);
+        }
+      } else {  // partner: slot e ^ stride of the same lane
+JAX_TOPK_UNROLL
+        for (int e = 0; e < E; ++e) {
+          if ((e & stride) != 0) continue;
+          const int f = e | stride;
+          const bool desc = (((lane * E) + e) & size) == 0;
+          const uint64_t hi = max_of(v[e], v[f]), lo = min_of(v[e], v[f]);
+          v[e] = desc ? hi : lo;
+          v[f] = desc ? lo : hi;
+        }
+      }
+    }
+  }
+}
+
+template <typename U, int E>
+__global__ void __launch_bounds__(kSortWarpThreads)
+    sort_rows_in_warp_kernel(const U* __restrict__ x, U* __restrict__ values,
+                             int32_t* __restrict__ indices, int64_t rows, int n,
+                             SortKeyMap<U> map, RowLengths<U> lengths) {
+  using Pack = KeyIndexPacking<U, uint64_t>;
+  const int lane = lane_id();
+  const int64_t warps = int64_t(gridDim.x) * (kSortWarpThreads / kWarpSize);
+  for (int64_t row = (int64_t(blockIdx.x) * kSortWarpThreads + threadIdx.x) / kWarpSize; row < rows;
+       row += warps) {
+    const U* in = x + row * n;
+    const int len = int(lengths.of_loaded(row, n));
+    uint64_t v[E];
+JAX_TOPK_UNROLL
+    for (int e = 0; e < E; ++e) {
+      const int i = e * kWarpSize + lane;
+      const U t = i < len ? U(~map.sort_key(in[i])) : U(0);
+      v[e] = i < n ? Pack::pack(t, uint32_t(i)) : uint64_t(0);
+    }
+    warp_bitonic_sort_desc<E>(v, lane);
+JAX_TOPK_UNROLL
+    for (int e = 0; e < E; ++e) {
+      const int j = lane * E + e;
+      if (j < n) {
+        write_sorted_slot(j < len, U(~Pack::key(v[e])), int32_t(Pack::index(v[e])), map, lengths.pad_bits,
+                          values, indices, row * n + j);
+      }
+    }
+  }
+}
+
+template <typename U, int E = 1>
+cudaError_t launch_rows_in_warp(int slots, const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+                                SortKeyMap<U> map, RowLengths<U> lengths, cudaStream_t stream) {
+  if constexpr (E <= kSortWarpMaxN / kWarpSize) {
+    if (slots != E) {
+      return launch_rows_in_warp<U, 2 * E>(slots, x, values, indices, rows, n, map, lengths, stream);
+    }
+    constexpr int64_t kRowsPerBlock = kSortWarpThreads / kWarpSize;
+    int64_t grid = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (grid > INT_MAX) grid = INT_MAX;
+    sort_rows_in_warp_kernel<U, E><<<unsigned(grid), kSortWarpThreads, 0, stream>>>(
+        x, values, indices, rows, int(n), map, lengths);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;  // n > kSortWarpMaxN: not this regime
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -247,11 +339,18 @@ cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices
       const RowLengths<U> row_lengths{lengths, Traits::kLowestBits};
       const U* in = static_cast<const U*>(x);
       U* out = static_cast<U*>(values);
-      err = regime == SortRegime::kRowInBlock
-                ? dispatch_rows_in_block<U>(sort_block_shape(n), in, out, indices, rows, n, map,
-                                            row_lengths, stream)
-                : run_device_radix<U>(in, out, indices, rows, n, map, row_lengths, scratch,
-                                      scratch_bytes, stream);
+      switch (regime) {
+        case SortRegime::kRowInWarp:
+          err = launch_rows_in_warp<U>(sort_warp_slots(n), in, out, indices, rows, n, map, row_lengths, stream);
+          break;
+        case SortRegime::kRowInBlock:
+          err = dispatch_rows_in_block<U>(sort_block_shape(n), in, out, indices, rows, n, map, row_lengths,
+                                          stream);
+          break;
+        default:
+          err = run_device_radix<U>(in, out, indices, rows, n, map, row_lengths, scratch, scratch_bytes,
+                                    stream);
+      }
     }
   });
   return err;

@@ -847,7 +847,10 @@ void run_bench() {
 // lengths around each block capacity and on the device-wide path, with and
 // without per-row lengths (k of a case only shapes its mixed lengths).
 void run_sort_suite(bool quick, bool big) {
-  std::vector<int64_t> ns = {1, 2, 3, 31, 5000, 70001};
+  std::vector<int64_t> ns = {1, 2, 3, 5000, 70001};
+  for (int64_t c = kWarpSizeForSort; c <= kSortWarpMaxN; c *= 2) {
+    for (int64_t d : {-1, 0, 1}) ns.push_back(c + d);
+  }
   for (const auto& shape : kSortBlockShapes) {
     for (int64_t d : {-1, 0, 1}) ns.push_back(shape.capacity() + d);
   }
@@ -861,7 +864,7 @@ void run_sort_suite(bool quick, bool big) {
       run_one(d, 0, 5, 0, Pattern::kRandomBits);
       run_one(d, 3, 0, 0, Pattern::kRandomBits);
       for (int64_t n : ns) {
-        const int64_t rows = n > 4096 ? 3 : 37;
+        const int64_t rows = n > kSortBlockMaxN ? 3 : 37;
         for (Pattern p : kAllPatterns) {
           if (quick && p != Pattern::kFewValues && p != Pattern::kSpecials) continue;
           if (d != DType::float32 && p != Pattern::kSpecials && p != Pattern::kFewValues) continue;
