@@ -75,7 +75,7 @@ for s in "$@"; do
           --kernel-name "kns=$kernel" "$SELFTEST" --quick --max-elements 8192
       done ;;
     bench)
-      step bench 500 python3 benchmarks/run.py --out "$OUT" ;;
+      step bench 500 python3 benchmarks/run.py --repeats 10 --out "$OUT" ;;
     tests_gpu_quick)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_gpu_quick 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_top_k.py tests/test_top_k_gpu.py tests/test_lengths.py ;;
