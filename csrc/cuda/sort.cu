@@ -1,12 +1,15 @@
 // CUDA stable sort of rows (regimes in jax_topk/sort_dispatch.h).
 //
-// Both regimes sort "sort keys" ASCENDING with a stable radix sort whose input
-// is in index order, so ties keep the lower index first in both directions:
+// Output slot j of a row of length L holds the j-th sorted element when
+// j < L, else the dtype's lowest value and index -1; ties keep the lower
+// index first in both directions.
+//
+// The two radix regimes sort "sort keys" ASCENDING with a stable radix sort
+// whose input is in index order, which orders ties:
 //   sort key = ordered key (ascending) or its complement (descending);
 //   slots past a row's length get the largest sort key, and being later in
 //   the input than every real element, they land after all of them.
-// Output slot j of a row of length L holds the j-th sorted element when
-// j < L, else the dtype's lowest value and index -1.
+// The warp regime sorts distinct packed (key, ~index) integers instead.
 //
 // - kRowInWarp (n <= kSortWarpMaxN): one warp per row; each element becomes
 //   packed (t, ~index) with t = the key (descending) or its complement
