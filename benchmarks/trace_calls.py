@@ -32,27 +32,19 @@ from jax_topk import _bench
 
 
 def trace(op, inputs, replays: int = 5) -> dict:
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     run = jax.jit(lambda *xs: [op(x) for x in xs])
     jax.block_until_ready(run(*inputs))
     spans, busies, counts = [], [], []
     names: collections.Counter = collections.Counter()
     for _ in range(replays):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            jax.block_until_ready(run(*inputs))
-        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-        if not kernels:
-            return {"error": "no CUDA activity recorded (CUPTI unavailable?)"}
-        start = min(e.time_range.start for e in kernels)
-        end = max(e.time_range.end for e in kernels)
-        spans.append(end - start)
-        busies.append(sum(e.time_range.elapsed_us() for e in kernels))
-        counts.append(len(kernels))
-        for e in kernels:
-            names[e.name[:60]] += e.time_range.elapsed_us()
+        activity = _bench.gpu_activity(run, inputs)
+        if activity is None:
+            return {"error": "no CUDA activity recorded (no torch, or CUPTI unavailable?)"}
+        spans.append(activity.span_us)
+        busies.append(activity.busy_us)
+        counts.append(len(activity.events))
+        for name, start, end in activity.events:
+            names[name[:60]] += end - start
     r = len(inputs)
     span, busy = statistics.median(spans), statistics.median(busies)
     return {

@@ -188,6 +188,22 @@ inline ffi::Error check_workspace(const char* op, size_t given, size_t needed) {
                         " (lowered for another device?)");
 }
 
+// Checks a CUDA row op's operands and outputs ([..., out_len]), the count of
+// the optional lengths (their values stay on the device: the kernels clamp
+// them) and that a kernel takes x's dtype; fills the geometry and the dtype.
+inline ffi::Error decode_cuda_rows(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& values,
+                                   int64_t out_len, const ffi::Buffer<ffi::S32>* lengths,
+                                   bool (*has_kernel)(DType), RowGeometry* g, DType* dtype) {
+  if (auto err = row_geometry(op, x, values, out_len, g); err.failure()) return err;
+  if (lengths) {
+    if (auto err = check_lengths_count(op, *lengths, g->rows); err.failure()) return err;
+  }
+  const auto d = to_dtype(x.element_type());
+  if (!d || !has_kernel(*d)) return unsupported_dtype(op, x.element_type());
+  *dtype = *d;
+  return ffi::Error::Success();
+}
+
 inline ffi::Error cuda_status(const char* op, cudaError_t status) {
   if (status == cudaSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string(op) + ": CUDA error: " + cudaGetErrorString(status));

@@ -52,20 +52,19 @@ ffi::Error sort_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, bool descending) {
   ffi_util::RowGeometry g;
+  DType dtype;
   const int64_t n = x.dimensions().size() ? x.dimensions().back() : 0;
-  if (auto err = ffi_util::row_geometry(kOp, x, values, n, &g); err.failure()) return err;
-  if (lengths) {
-    if (auto err = ffi_util::check_lengths_count(kOp, *lengths, g.rows); err.failure()) return err;
+  if (auto err = ffi_util::decode_cuda_rows(kOp, x, values, n, lengths, sort_cuda_dtype, &g, &dtype);
+      err.failure()) {
+    return err;
   }
-  const auto dtype = ffi_util::to_dtype(x.element_type());
-  if (!dtype || !sort_cuda_dtype(*dtype)) return ffi_util::unsupported_dtype(kOp, x.element_type());
   const size_t given = workspace.element_count();
-  if (auto err = ffi_util::check_workspace(kOp, given, cuda::sort_scratch_bytes(*dtype, g.rows, g.n));
+  if (auto err = ffi_util::check_workspace(kOp, given, cuda::sort_scratch_bytes(dtype, g.rows, g.n));
       err.failure()) {
     return err;
   }
   return ffi_util::cuda_status(
-      kOp, cuda::sort_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
+      kOp, cuda::sort_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
                            descending, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(),
                            given, stream));
 }

@@ -54,21 +54,17 @@ ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, int64_t k) {
   ffi_util::RowGeometry g;
-  if (auto err = ffi_util::row_geometry(kOp, x, values, k, &g); err.failure()) return err;
-  // The lengths stay on the device: the kernels apply the sequence-mask rule
-  // (clamp to [0, n]) themselves.
-  if (lengths) {
-    if (auto err = ffi_util::check_lengths_count(kOp, *lengths, g.rows); err.failure()) return err;
+  DType dtype;
+  if (auto err = ffi_util::decode_cuda_rows(kOp, x, values, k, lengths, any_dtype, &g, &dtype); err.failure()) {
+    return err;
   }
-  const auto dtype = ffi_util::to_dtype(x.element_type());
-  if (!dtype) return ffi_util::unsupported_dtype(kOp, x.element_type());
   const size_t given = workspace.element_count();
-  if (auto err = ffi_util::check_workspace(kOp, given, cuda::topk_scratch_bytes(*dtype, g.rows, g.n, k));
+  if (auto err = ffi_util::check_workspace(kOp, given, cuda::topk_scratch_bytes(dtype, g.rows, g.n, k));
       err.failure()) {
     return err;
   }
   return ffi_util::cuda_status(
-      kOp, cuda::topk_rows(*dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
+      kOp, cuda::topk_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
                            k, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given,
                            stream));
 }

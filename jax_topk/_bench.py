@@ -128,10 +128,28 @@ class OpTime:
     clock: str  # "device" (GPU span, CUPTI) or "wall" (host clock)
 
 
-def _gpu_span_seconds(run: Callable, inputs: Sequence[jax.Array], repeats: int) -> float | None:
-    """Median GPU span of ``run(*inputs)`` (first kernel start to last kernel
-    end), recorded by CUPTI through torch.profiler; None where that is not
-    available (no torch, no CUDA, no activity recorded)."""
+@dataclasses.dataclass(frozen=True)
+class GpuActivity:
+    """The GPU work of one call: (name, start us, end us) of every kernel,
+    memset and copy, as CUPTI recorded it."""
+
+    events: tuple[tuple[str, float, float], ...]
+
+    @property
+    def span_us(self) -> float:
+        """First start to last end."""
+        return max(e[2] for e in self.events) - min(e[1] for e in self.events)
+
+    @property
+    def busy_us(self) -> float:
+        """Summed durations."""
+        return sum(e[2] - e[1] for e in self.events)
+
+
+def gpu_activity(run: Callable, inputs: Sequence[jax.Array]) -> GpuActivity | None:
+    """Records one ``run(*inputs)`` with CUPTI through torch.profiler; None
+    where that is not available (not a GPU backend, no torch, no CUDA, no
+    activity recorded)."""
     if jax.default_backend() != "gpu":
         return None
     try:
@@ -144,18 +162,24 @@ def _gpu_span_seconds(run: Callable, inputs: Sequence[jax.Array], repeats: int) 
         return None
     if not torch.cuda.is_available():
         return None
-    spans = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle"
-        for _ in range(repeats):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                jax.block_until_ready(run(*inputs))
-            events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-            if not events:
-                return None
-            start = min(e.time_range.start for e in events)
-            end = max(e.time_range.end for e in events)
-            spans.append((end - start) * 1e-6)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            jax.block_until_ready(run(*inputs))
+        events = tuple((e.name, float(e.time_range.start), float(e.time_range.end))
+                       for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return GpuActivity(events) if events else None
+
+
+def _gpu_span_seconds(run: Callable, inputs: Sequence[jax.Array], repeats: int) -> float | None:
+    """Median GPU span of ``run(*inputs)`` over ``repeats`` recorded replays,
+    or None where ``gpu_activity`` records nothing."""
+    spans = []
+    for _ in range(repeats):
+        activity = gpu_activity(run, inputs)
+        if activity is None:
+            return None
+        spans.append(activity.span_us * 1e-6)
     return statistics.median(spans)
 
 

@@ -70,6 +70,7 @@ __device__ JAX_TOPK_FORCE_INLINE void write_sorted_slot(bool real, U sort_key, i
 
 // ---------------------------------------------------------------------------
 // kRowInWarp
+static_assert(kWarpSizeForSort == kWarpSize, "sort_dispatch.h's warp width is the kernels' warp width");
 inline constexpr int kSortWarpThreads = 128;
 
 // Sorts the warp's 32 * E packed values descending; lane l's v[e] is network
