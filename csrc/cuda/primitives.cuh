@@ -165,6 +165,36 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE T max_of(T a, T b) { return a < b ? b
 template <typename T>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE T min_of(T a, T b) { return a < b ? a : b; }
 
+// ---------------------------------------------------------------------------
+// Phase timing, for kernel work only (build with -DJAX_TOPK_PHASE_TIMING; the
+// self-test's --bench then prints where a block's time goes). Thread 0 adds
+// the clock cycles since its previous mark to a per-phase counter; marks sit
+// right after barriers, so they time the whole block. Compiled out otherwise.
+inline constexpr int kPhaseTimerSlots = 8;
+#if defined(JAX_TOPK_PHASE_TIMING)
+static __device__ unsigned long long g_phase_cycles[kPhaseTimerSlots];  // one per translation unit
+struct PhaseTimer {
+  long long last = 0;
+  // clock64 exists in the device pass only.
+#if defined(__CUDA_ARCH__)
+  __device__ PhaseTimer() : last(clock64()) {}
+  __device__ JAX_TOPK_FORCE_INLINE void mark(int phase) {
+    if (threadIdx.x == 0) {
+      const long long now = clock64();
+      atomicAdd(&g_phase_cycles[phase], (unsigned long long)(now - last));
+      last = now;
+    }
+  }
+#else
+  __device__ void mark(int) {}
+#endif
+};
+#else
+struct PhaseTimer {
+  __device__ JAX_TOPK_FORCE_INLINE void mark(int) {}
+};
+#endif
+
 __device__ JAX_TOPK_FORCE_INLINE int lane_id() { return int(threadIdx.x) & (kWarpSize - 1); }
 
 // Reserves `want ? 1 : 0` consecutive slots from `*counter` with one atomic per

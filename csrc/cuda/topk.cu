@@ -350,24 +350,38 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
 
 // kThresholdRowPerBlock: a persistent grid of one-row blocks; rows in flight
 // are capped by L2 so that the second read of a row (the compaction) hits L2.
-template <typename U, int kR>
-cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
-                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                             KeyCodec<U> codec, RowLengths<U> lengths,
-                                             cudaStream_t stream) {
-  auto kernel = threshold_topk_row_per_block_kernel<U, kR>;
+template <typename U, int kR, int kUnroll>
+cudaError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, U* values,
+                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
+                                              KeyCodec<U> codec, RowLengths<U> lengths,
+                                              cudaStream_t stream) {
+  auto kernel = threshold_topk_row_per_block_kernel<U, kR, kUnroll>;
   constexpr size_t smem = threshold_smem_bytes(kR);
   int per_sm = 0;
   cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
                                    smem, &per_sm);
   if (err != cudaSuccess) return err;
   // A block holds one row between its two reads: rows in flight * row bytes
-  // <= L2 (part of each block's time is the candidate sort, with its row no
-  // longer needed).
+  // <= L2 (part of each block's time is the candidate ranking, with its row
+  // no longer needed).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
                                                           lengths, values, indices);
   return cudaGetLastError();
+}
+
+template <typename U, int kR>
+cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
+                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
+                                             KeyCodec<U> codec, RowLengths<U> lengths,
+                                             cudaStream_t stream) {
+  constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
+  if (kWide != kNarrow && rows <= dev.sm_count) {
+    return launch_threshold_row_per_block_ru<U, kR, kWide>(dev, x, values, indices, rows, n, k, codec,
+                                                           lengths, stream);
+  }
+  return launch_threshold_row_per_block_ru<U, kR, kNarrow>(dev, x, values, indices, rows, n, k, codec,
+                                                           lengths, stream);
 }
 
 template <typename U>
@@ -510,5 +524,14 @@ cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices
   });
   return err;
 }
+
+#if defined(JAX_TOPK_PHASE_TIMING)
+cudaError_t read_phase_cycles(unsigned long long* out) {
+  cudaError_t err = cudaMemcpyFromSymbol(out, g_phase_cycles, sizeof(g_phase_cycles));
+  if (err != cudaSuccess) return err;
+  const unsigned long long zeros[kPhaseTimerSlots] = {};
+  return cudaMemcpyToSymbol(g_phase_cycles, zeros, sizeof(zeros));
+}
+#endif
 
 }  // namespace jax_topk::cuda

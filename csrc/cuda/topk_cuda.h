@@ -33,4 +33,11 @@ cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices
                       int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
                       void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
+#if defined(JAX_TOPK_PHASE_TIMING)
+// Builds with phase timing only: copies the per-phase clock-cycle counters of
+// the kernels that mark phases (PhaseTimer in primitives.cuh) into out[0:8)
+// and zeroes them.
+cudaError_t read_phase_cycles(unsigned long long* out);
+#endif
+
 }  // namespace jax_topk::cuda

@@ -48,6 +48,8 @@ inline constexpr int kRadixThreads = 512;
 template <typename U>
 inline constexpr int kRadixUnroll = sizeof(U) >= 4 ? 4 : sizeof(U) == 2 ? 2 : 1;
 inline constexpr int64_t kRadixBlockSortMaxK = 4096; // survivors sorted in shared memory up to this k
+static_assert(kRadixBlockSortMaxK <= int64_t(kBlockSortPerThread) * kRadixThreads,
+              "block_bitonic_sort_desc sorts at most 8 values per thread");
 inline constexpr int64_t kRadixBlockCandidates = 2048;  // per candidate buffer, row-per-block kernel
 inline constexpr int kRadixIndexBase = 32;           // packed bit where the key starts
 

@@ -16,9 +16,11 @@
 //    scheduling-dependent ORDER, exact SET). Expected count for G groups:
 //    c ~ G * -ln(1 - k/G): 1.15k at G = 4k, 1.39k at G = 2k; for all-equal
 //    rows the packed maxima make c ~ k (ties broken by index).
-// 4. Sort the c candidates (bitonic over next_pow2(c), padded with 0 which is
-//    below every element), write the first k. Deterministic: packed values
-//    are distinct, so the sorted order is unique.
+// 4. Each candidate's rank among the c is its output slot (block_rank.cuh:
+//    counting for c <= 256, bucketed counting above); ranks below k are
+//    written. Deterministic: packed values are distinct, so the ranks are.
+//    A bucket too full to rank (clustered values) falls back to a bitonic
+//    sort of next_pow2(c), padded with 0, which is below every element.
 // Fallback: c > G (capacity) -- only when many groups are empty or, with
 // G < the number of elements, heavy ties beyond the groups' reach -- runs the
 // radix select of topk_radix.cuh for that row, in the same block and the same
@@ -26,10 +28,10 @@
 //
 // Per-row lengths: both reads walk the row's first len elements only. A row
 // shorter than k has fewer than k non-empty groups, so T = 0 and all of its
-// len elements are candidates; the sort's 0 pads then fill the slots past
-// them, written as padding.
+// len elements are candidates; slots [len, k) are written as padding.
 #pragma once
 
+#include "cuda/block_rank.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/topk_bitonic.cuh"
 #include "cuda/topk_radix.cuh"
@@ -55,74 +57,228 @@ JAX_TOPK_HOST_DEVICE constexpr int threshold_slots(int64_t k, int elem_bytes) {
   return 8;
 }
 
-// Dynamic shared memory of threshold_topk_row_per_block_kernel<U, R>.
+// Dynamic shared memory of threshold_topk_row_per_block_kernel<U, R>: the
+// histogram bins, then two arrays of G packed values (candidates, and the
+// rank's bucket spans).
 JAX_TOPK_HOST_DEVICE constexpr size_t threshold_smem_bytes(int slots) {
-  return size_t(kRadixBins) * sizeof(uint32_t) + size_t(kRadixThreads) * size_t(slots) * sizeof(uint64_t);
+  static_assert(kRankBuckets <= kRadixBins, "the rank's buckets live in the histogram");
+  return size_t(kRadixBins) * sizeof(uint32_t) + 2 * size_t(kRadixThreads) * size_t(slots) * sizeof(uint64_t);
+}
+
+// 16-byte loads in flight per thread in each step of the two reads. One
+// block per row streams at (bytes in flight) / latency: 4 loads of 16 bytes
+// per thread were ~30 GB/s per block (128 x 131072: 19 us per read). With
+// no more rows than SMs (one block per SM either way) 32-bit keys take 8,
+// whose registers (up to 128) would halve the blocks per SM otherwise. The
+// step's mask of candidates (CompactAtLeast) holds up to 32 positions.
+template <typename U>
+JAX_TOPK_HOST_DEVICE constexpr int threshold_unroll(bool one_block_per_sm) {
+  return sizeof(U) >= 4 && one_block_per_sm ? 2 * kRadixUnroll<U> : kRadixUnroll<U>;
+}
+
+// Phases of the kernel, as PhaseTimer slots (-DJAX_TOPK_PHASE_TIMING).
+enum ThresholdPhase : int {
+  kThresholdPhaseMaxima = 0,  // first read: group maxima
+  kThresholdPhaseSelect = 1,  // T from the maxima
+  kThresholdPhaseCompact = 2, // second read: candidates >= T
+  kThresholdPhaseOrder = 3,   // rank (or sort) and write
+  kThresholdPhaseFallback = 4,
+};
+
+// The select's digit schedule (host-callable: the host simulation mirrors
+// it). lo < hi: the lowest and highest value. Returns hs, the lowest bit of
+// the bits common to every value (64 if none are).
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int threshold_select_top(uint64_t lo, uint64_t hi) {
+  uint64_t d = lo ^ hi;
+  int top = 0;
+  while (d != 0) {
+    ++top;
+    d >>= 1;
+  }
+  return top;
+}
+// The digit below common bit hs: bits [shift, hs), 8 wide until the bottom.
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int threshold_select_shift(int hs) {
+  return hs > kThresholdSelectBits ? hs - kThresholdSelectBits : 0;
 }
 
 struct ThresholdShared {
-  unsigned long long t_min;
+  unsigned long long lo, hi, t_min;
   uint32_t digit, above, count;
   uint32_t candidates;
 };
 
-// walk_row (primitives.cuh) that also passes the element's position in the
-// thread's unrolled step (0 for the scalar head and tail): a compile-time
-// constant once the loops are unrolled, so it may index a register array.
-template <typename U, int kUnroll, typename Visit>
-__device__ JAX_TOPK_FORCE_INLINE void walk_row_pos(const U* __restrict__ row, int64_t n, int tid,
-                                                   int nthreads, Visit&& visit) {
+// walk_row (primitives.cuh) in steps: for each step of the walk (the scalar
+// head, each unrolled group of kUnroll 16-byte loads, the scalar tail) it
+// calls step.scan(bits, i, valid, pos) for every element of the step, then
+// step.between(), then step.emit(bits, i, valid, pos) for every element again
+// (the loaded data stays in registers). pos is the element's position in the
+// step (0 for the head and tail): a compile-time constant once the loops are
+// unrolled, so it may index a register array or a bit mask. Every thread of
+// the block makes the same calls to scan and between (between() may use warp
+// collectives); emit is skipped in a step where step.emits() is false.
+// Indices are 32-bit (n < 2^31): 64-bit index arithmetic cost a few
+// instructions per element.
+template <typename U, int kUnroll, typename Step>
+__device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, int n, int tid,
+                                                     int nthreads, Step& step) {
   constexpr int kVec = int(16 / sizeof(U));
   if (n <= 0) return;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
-  const int64_t to_aligned = int64_t((16 - (addr & 15)) & 15) / int64_t(sizeof(U));
-  const int64_t head = to_aligned < n ? to_aligned : n;
-  {
-    const bool valid = tid < head;
-    visit(valid ? row[tid] : U(0), int64_t(tid), valid, 0);
-  }
-  const int64_t nvec = (n - head) / kVec;
+  const int to_aligned = int((16 - (addr & 15)) & 15) / int(sizeof(U));
+  const int head = to_aligned < n ? to_aligned : n;
+  auto scalar_step = [&](int i, bool valid) {
+    const U bits = valid ? row[i] : U(0);
+    step.scan(bits, i, valid, 0);
+    step.between();
+    step.emit(bits, i, valid, 0);
+  };
+  scalar_step(tid, tid < head);
+  const int nvec = (n - head) / kVec;
   const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
-  for (int64_t v0 = 0; v0 < nvec; v0 += int64_t(nthreads) * kUnroll) {
+  for (int v0 = 0; v0 < nvec; v0 += nthreads * kUnroll) {
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + int64_t(u) * nthreads + tid;
+      const int v = v0 + u * nthreads + tid;
       data[u].raw = v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
     }
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + int64_t(u) * nthreads + tid;
-      const bool valid = v < nvec;
+      const int v = v0 + u * nthreads + tid;
 JAX_TOPK_UNROLL
-      for (int e = 0; e < kVec; ++e) visit(data[u].elems[e], head + v * kVec + e, valid, u * kVec + e);
+      for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
+    }
+    step.between();
+    if (step.emits()) {  // per thread: most threads of a sparse compaction skip it
+JAX_TOPK_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * nthreads + tid;
+JAX_TOPK_UNROLL
+        for (int e = 0; e < kVec; ++e) step.emit(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
+      }
     }
   }
-  {
-    const int64_t i = head + nvec * kVec + tid;  // fewer than kVec left
-    const bool valid = i < n;
-    visit(valid ? row[i] : U(0), i, valid, 0);
-  }
+  const int tail = head + nvec * kVec + tid;  // fewer than kVec left
+  scalar_step(tail, tail < n);
 }
 
+// Step of the first read: each thread's kR group maxima of packed values
+// (group = pos mod kR; 0 for empty groups).
+template <typename U, int kR>
+struct GroupMaxima {
+  using P = uint64_t;
+  KeyCodec<U> codec;
+  P m[kR];
+  __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
+    const P e = valid ? KeyIndexPacking<U, P>::pack(codec.key(bits), uint32_t(i)) : P(0);
+    m[pos % kR] = max_of(m[pos % kR], e);
+  }
+  __device__ JAX_TOPK_FORCE_INLINE void between() {}
+  __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return false; }
+  __device__ JAX_TOPK_FORCE_INLINE void emit(U, int, bool, int) {}
+};
+
+// Step of the second read: appends the packed elements >= t to out[] (slots
+// from *counter; those past capacity are counted, not written). One shared
+// atomic per warp and step: a warp scan of the per-thread counts. (One
+// atomic per 32 elements, as reserve_slot does, piled up on the one counter
+// when candidates are dense, k = 2048 of 65536: the second read took twice
+// the first.)
+template <typename U>
+struct CompactAtLeast {
+  using P = uint64_t;
+  static_assert(KeyIndexPacking<U, P>::kIndexBits == 32, "scan compares the halves");
+  KeyCodec<U> codec;
+  P t;
+  uint32_t* counter;
+  P* out;
+  uint32_t capacity;
+  uint32_t mask = 0;     // this step's candidates, by pos (scan)
+  uint32_t pending = 0;  // ... handed to emit by between()
+  uint32_t slot = 0;
+  __device__ JAX_TOPK_FORCE_INLINE P packed(U bits, int i) const {
+    return KeyIndexPacking<U, P>::pack(codec.key(bits), uint32_t(i));
+  }
+  // packed(bits, i) >= t, on 32-bit halves (keys at bit 32 of the packing).
+  __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
+    const uint32_t key = codec.key(bits), t_key = uint32_t(t >> 32);
+    const bool take = key > t_key || (key == t_key && ~uint32_t(i) >= uint32_t(t));
+    if (valid && take) mask |= 1u << pos;
+  }
+  __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return pending != 0; }
+  __device__ JAX_TOPK_FORCE_INLINE void between() {
+    pending = mask;
+    mask = 0;
+    if (!__any_sync(kFullWarpMask, pending != 0)) return;  // uniform: sparse candidates
+    const uint32_t count = uint32_t(__popc(pending));
+    uint32_t inclusive = count;
+    const int lane = lane_id();
+JAX_TOPK_UNROLL
+    for (int d = 1; d < kWarpSize; d *= 2) {
+      const uint32_t v = __shfl_up_sync(kFullWarpMask, inclusive, d);
+      if (lane >= d) inclusive += v;
+    }
+    uint32_t base = 0;
+    if (lane == kWarpSize - 1) base = atomicAdd(counter, inclusive);
+    slot = __shfl_sync(kFullWarpMask, base, kWarpSize - 1) + inclusive - count;
+  }
+  __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i, bool, int pos) {
+    if (pending & (1u << pos)) {
+      if (slot < capacity) out[slot] = packed(bits, i);
+      ++slot;
+    }
+  }
+};
+
 // The k-th largest of a[0:count) (1 <= k <= count; values may repeat, e.g.
-// zeros) with the whole block: radix select on 8-bit digits from the top,
-// stopping when the chosen bucket is exactly what is still needed; the
-// answer is then the bucket's minimum. hist: kThresholdSelectPasses *
-// kThresholdSelectBins u32. Starts and ends with a barrier.
+// zeros) with the whole block: radix select on 8-bit digits from the highest
+// bit where the values differ (the bits above it are common), stopping when
+// the chosen bucket is exactly what is still needed; the answer is then the
+// bucket's minimum. Starting below the common bits saves 1-2 passes on
+// random rows and spreads the first pass's shared-memory atomics (from the
+// top bit, a row of similar floats piles all of them on one or two bins).
+// hist: kThresholdSelectPasses * kThresholdSelectBins u32. Starts and ends
+// with a barrier.
 template <int kThreads>
 __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, uint32_t* hist,
                                       ThresholdShared& ts) {
   const int tid = int(threadIdx.x);
   for (int i = tid; i < kThresholdSelectPasses * kThresholdSelectBins; i += kThreads) hist[i] = 0;
-  if (tid == 0) ts.t_min = ~0ull;
+  if (tid == 0) {
+    ts.lo = ~0ull;
+    ts.hi = 0;
+    ts.t_min = ~0ull;
+  }
   __syncthreads();
-  uint64_t prefix = 0;
+  {
+    unsigned long long lo = ~0ull, hi = 0;
+    for (int i = tid; i < count; i += kThreads) {
+      lo = min_of(lo, (unsigned long long)a[i]);
+      hi = max_of(hi, (unsigned long long)a[i]);
+    }
+JAX_TOPK_UNROLL
+    for (int d = kWarpSize / 2; d > 0; d /= 2) {
+      lo = min_of(lo, shfl_xor_wide(lo, d));
+      hi = max_of(hi, shfl_xor_wide(hi, d));
+    }
+    if ((tid & (kWarpSize - 1)) == 0) {
+      atomicMin(&ts.lo, lo);
+      atomicMax(&ts.hi, hi);
+    }
+  }
+  __syncthreads();
+  const uint64_t lo = ts.lo, hi = ts.hi;
+  if (lo == hi) {  // uniform: every value equal
+    __syncthreads();
+    return hi;
+  }
+  int hs = threshold_select_top(lo, hi);  // bits at and above hs are fixed by prefix
+  uint64_t prefix = hs == 64 ? 0 : (hi >> hs) << hs;
   uint32_t k_left = k;
-  int shift = 64;
+  int shift = hs;
   for (int pass = 0;; ++pass) {
-    const int hs = shift;  // bits at and above hs are fixed by prefix
-    shift -= kThresholdSelectBits;
+    shift = threshold_select_shift(hs);
     uint32_t* h = hist + pass * kThresholdSelectBins;
     for (int i = tid; i < count; i += kThreads) {
       const uint64_t e = a[i];
@@ -161,9 +317,11 @@ JAX_TOPK_UNROLL
     }
     __syncthreads();
     // Everybody reads ts before the next pass's first barrier; the next write
-    // to it comes after that barrier.
+    // to it comes after that barrier. (With shift == 0 and hs < 8 the digit
+    // also holds common bits, already in prefix.)
     prefix |= uint64_t(ts.digit) << shift;
     k_left -= ts.above;
+    hs = shift;
     if (ts.count == k_left || shift == 0) break;  // uniform
   }
   // Every element of the chosen bucket is among the k largest: the k-th
@@ -184,9 +342,10 @@ JAX_TOPK_UNROLL
 
 // Dynamic shared memory: threshold_smem_bytes(kR) = hist[kRadixBins] u32,
 // then G = kRadixThreads * kR u64 (the maxima, then the candidates, then for
-// the fallback: next_pow2(k) survivors + two candidate buffers).
-template <typename U, int kR>
-__global__ void __launch_bounds__(kRadixThreads)
+// the fallback: next_pow2(k) survivors + two candidate buffers), then G more
+// for the rank's bucket spans.
+template <typename U, int kR, int kUnroll>
+__global__ void __launch_bounds__(kRadixThreads, kUnroll > kRadixUnroll<U> ? 1 : 2)
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
                                         int64_t k, int index_bits, KeyCodec<U> codec,
                                         RowLengths<U> lengths, U* __restrict__ values,
@@ -195,14 +354,16 @@ __global__ void __launch_bounds__(kRadixThreads)
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
   constexpr int kG = kRadixThreads * kR;
-  constexpr int kUnroll = kRadixUnroll<U>;
+  static_assert(kG <= kBlockSortPerThread * kRadixThreads, "the candidate sort's capacity");
   static_assert(kUnroll * int(16 / sizeof(U)) % kR == 0, "slots cover the step evenly");
   extern __shared__ uint4 threshold_smem[];
   uint32_t* hist = reinterpret_cast<uint32_t*>(threshold_smem);
   P* a = reinterpret_cast<P*>(hist + kRadixBins);
   __shared__ ThresholdShared ts;
   __shared__ RadixBlockShared<P> rs;
+  __shared__ BlockRankShared<kRadixThreads> rank_shared;
   const int tid = int(threadIdx.x);
+  PhaseTimer timer;
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const U* in = x + row * n;
@@ -210,37 +371,47 @@ __global__ void __launch_bounds__(kRadixThreads)
     // spilled with a 64-bit length).
     const int len = int(lengths.of_loaded(row, n));
     // 1. Group maxima (packed; 0 for empty groups and invalid calls).
-    P m[kR];
+    GroupMaxima<U, kR> maxima{codec, {}};
 JAX_TOPK_UNROLL
-    for (int r = 0; r < kR; ++r) m[r] = 0;
-    walk_row_pos<U, kUnroll>(in, len, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int pos) {
-      const P e = valid ? Pack::pack(codec.key(bits), uint32_t(i)) : P(0);
-      m[pos % kR] = max_of(m[pos % kR], e);
-    });
+    for (int r = 0; r < kR; ++r) maxima.m[r] = 0;
+    walk_row_steps<U, kUnroll>(in, len, tid, kRadixThreads, maxima);
 JAX_TOPK_UNROLL
-    for (int r = 0; r < kR; ++r) a[r * kRadixThreads + tid] = m[r];
+    for (int r = 0; r < kR; ++r) a[r * kRadixThreads + tid] = maxima.m[r];
     if (tid == 0) ts.candidates = 0;
     __syncthreads();
+    timer.mark(kThresholdPhaseMaxima);
     // 2. T = the k-th largest maximum.
     const P t = block_kth_largest<kRadixThreads>(a, kG, uint32_t(k), hist, ts);
+    timer.mark(kThresholdPhaseSelect);
     // 3. Candidates >= T (at least k of them).
-    walk_row_pos<U, kUnroll>(in, len, tid, kRadixThreads, [&](U bits, int64_t i, bool valid, int) {
-      const P e = Pack::pack(codec.key(bits), uint32_t(i));
-      const bool take = valid && e >= t;
-      const uint32_t slot = reserve_slot(&ts.candidates, take);
-      if (take && slot < uint32_t(kG)) a[slot] = e;
-    });
+    CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
+    walk_row_steps<U, kUnroll>(in, len, tid, kRadixThreads, compact);
     __syncthreads();
-    const uint32_t c = ts.candidates;
-    if (c <= uint32_t(kG)) {  // uniform
-      // 4. Sort them, write the first k (c < k only in a row shorter than k:
-      // the pads past c are written as padding).
-      const int count = int(next_pow2(int64_t(c < k ? k : c)));
-      for (int i = int(c) + tid; i < count; i += kRadixThreads) a[i] = 0;
-      block_bitonic_sort_desc(a, count);
-      for (int j = tid; j < k; j += kRadixThreads) {
-        write_packed_output(a[j], codec, lengths.pad_bits, values, indices, row * k + j);
+    timer.mark(kThresholdPhaseCompact);
+    const int c = int(ts.candidates);
+    if (c <= kG) {  // uniform
+      // 4. Each candidate's rank is its output slot (block_rank.cuh); c < k
+      // only in a row shorter than k, whose slots [c, k) are padding.
+      U* values_row = values + row * k;
+      int32_t* indices_row = indices + row * k;
+      const bool ranked = block_rank_desc<kRadixThreads>(a, c, a + kG, hist, rank_shared, [&](P e, int pos) {
+        if (pos < k) write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos);
+      });
+      if (ranked) {
+        for (int j = c + tid; j < k; j += kRadixThreads) {
+          write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
+        }
+      } else {
+        // A bucket too full to rank (values clustered far below a few
+        // outliers): sort them all, write the first k.
+        const int count = int(next_pow2(int64_t(c < k ? k : c)));
+        for (int i = c + tid; i < count; i += kRadixThreads) a[i] = 0;
+        block_bitonic_sort_desc(a, count);
+        for (int j = tid; j < k; j += kRadixThreads) {
+          write_packed_output(a[j], codec, lengths.pad_bits, values_row, indices_row, j);
+        }
       }
+      timer.mark(kThresholdPhaseOrder);
     } else {
       // Too many candidates: radix select of the row in this block. Room:
       // next_pow2(k) <= kG survivors, the rest split into two candidate buffers.
@@ -249,6 +420,7 @@ JAX_TOPK_UNROLL
       radix_select_row_in_block<U, true>(in, len, k, index_bits, capacity, codec,
                                          lengths.pad_bits, hist, a + survivors, a, rs,
                                          values + row * k, indices + row * k);
+      timer.mark(kThresholdPhaseFallback);
     }
     __syncthreads();  // shared memory is reused by the next row
   }

@@ -425,19 +425,145 @@ bool sim_radix(const std::vector<U>& row, int64_t len, int64_t k, int64_t capaci
   return write_outputs<Kind, U>(survivors, k) == oracle<Kind>(row, len, k);
 }
 
+// ---- block bitonic sort (topk_bitonic.cuh) ---------------------------------
+// Emulates block_bitonic_sort_desc with `threads` threads: registers v[t][e]
+// for positions 8t + e, the shuffle stages as reads of lane t ^ (stride / 8)
+// within the warp, the exchange stages through a shared array at the
+// block_sort_slot positions. s[0:count) is sorted in place.
+template <typename P>
+void sim_block_bitonic_sort_desc(std::vector<P>& s, int count, int threads) {
+  constexpr int kE = kBlockSortPerThread;
+  const int n = std::max(count, kBlockSortWarpSpan);
+  std::vector<std::array<P, kE>> v(static_cast<size_t>(threads));
+  auto active = [&](int t) { return t * kE < n; };
+  for (int t = 0; t < threads; ++t) {
+    for (int e = 0; e < kE; ++e) v[size_t(t)][size_t(e)] = active(t) && t * kE + e < count ? s[size_t(t * kE + e)] : P(0);
+  }
+  std::vector<P> shared(s.size());
+  for (int size = 2; size <= n; size *= 2) {
+    for (int stride = size / 2; stride >= kE; stride /= 2) {
+      const auto before = v;  // every thread reads its partner's values of the previous stage
+      if (stride >= kBlockSortWarpSpan) {
+        for (int t = 0; t < threads; ++t) {
+          if (!active(t)) continue;
+          for (int e = 0; e < kE; ++e) shared.at(size_t(block_sort_slot(t * kE + e))) = before[size_t(t)][size_t(e)];
+        }
+      }
+      for (int t = 0; t < threads; ++t) {
+        if (!active(t)) continue;
+        const bool keep_max = bitonic_keeps_max(t * kE, stride, size);
+        for (int e = 0; e < kE; ++e) {
+          P o;
+          if (stride >= kBlockSortWarpSpan) {
+            o = shared.at(size_t(block_sort_slot((t * kE + e) ^ stride)));
+          } else {
+            const int partner = t ^ (stride / kE);
+            if (partner / kWarpSize != t / kWarpSize) std::abort();  // a shuffle leaves the warp
+            o = before[size_t(partner)][size_t(e)];
+          }
+          P& x = v[size_t(t)][size_t(e)];
+          x = keep_max ? std::max(x, o) : std::min(x, o);
+        }
+      }
+    }
+    for (int t = 0; t < threads; ++t) {
+      if (!active(t)) continue;
+      auto& r = v[size_t(t)];
+      for (int stride = kE / 2; stride > 0; stride /= 2) {
+        if (stride >= size) continue;
+        for (int e = 0; e < kE; ++e) {
+          if ((e & stride) != 0) continue;
+          const P hi = std::max(r[size_t(e)], r[size_t(e + stride)]), lo = std::min(r[size_t(e)], r[size_t(e + stride)]);
+          const bool desc = ((t * kE + e) & size) == 0;
+          r[size_t(e)] = desc ? hi : lo;
+          r[size_t(e + stride)] = desc ? lo : hi;
+        }
+      }
+    }
+  }
+  for (int t = 0; t < threads; ++t) {
+    for (int e = 0; e < kE; ++e) {
+      if (active(t) && t * kE + e < count) s[size_t(t * kE + e)] = v[size_t(t)][size_t(e)];
+    }
+  }
+}
+
+// Mirrors block_rank_desc: slots[pos] = the value of rank pos, computed the
+// kernel's way (counting for c <= 256; else buckets from the top, each value
+// counting the members of its bucket above it). False when a bucket is too
+// full (the kernel then sorts).
+bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* slots) {
+  const int c = int(a.size());
+  slots->assign(size_t(c), 0);
+  std::vector<int> filled(size_t(c), 0);
+  auto put = [&](uint64_t e, int pos) {
+    if (pos < 0 || pos >= c || filled[size_t(pos)]++) std::abort();  // ranks must be a permutation
+    (*slots)[size_t(pos)] = e;
+  };
+  if (c <= kRankByCountingMaxC) {
+    for (uint64_t e : a) put(e, int(std::count_if(a.begin(), a.end(), [&](uint64_t o) { return o > e; })));
+    return true;
+  }
+  const uint64_t lo = *std::min_element(a.begin(), a.end()), hi = *std::max_element(a.begin(), a.end());
+  const int shift = rank_bucket_shift(lo, hi);
+  std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
+  for (uint64_t e : a) {
+    const uint32_t b = rank_bucket(e, lo, shift);
+    if (b >= uint32_t(kRankBuckets)) std::abort();
+    ++count[b];
+  }
+  if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
+  uint32_t acc = 0;
+  for (int b = kRankBuckets - 1; b >= 0; --b) {
+    start[size_t(b)] = acc;
+    acc += count[size_t(b)];
+  }
+  // The scatter, then each value ranks within its span [end[b + 1], end[b]).
+  std::vector<uint32_t> end = start;
+  std::vector<uint64_t> spill(size_t(c), 0);
+  for (uint64_t e : a) spill[end[rank_bucket(e, lo, shift)]++] = e;
+  for (uint64_t e : a) {
+    const uint32_t b = rank_bucket(e, lo, shift);
+    const int begin = b + 1 < uint32_t(kRankBuckets) ? int(end[b + 1]) : 0;
+    int rank = begin;
+    for (int j = begin; j < int(end[b]); ++j) rank += spill[size_t(j)] > e ? 1 : 0;
+    put(e, rank);
+  }
+  return true;
+}
+
+// The emulated block sort against std::sort: every power-of-two count the
+// kernels use (1 .. 8 * 512), random values with repeats and zero padding.
+void check_block_sort(std::mt19937_64& rng) {
+  for (int count = 1; count <= kBlockSortPerThread * kRadixThreads; count *= 2) {
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<uint64_t> s(static_cast<size_t>(count), 0);
+      const int real = trial == 0 ? count : int(rng() % uint64_t(count)) + 1;
+      for (int i = 0; i < count; ++i) s[size_t(i)] = i < real ? (trial == 3 ? rng() % 5 + 1 : rng() | 1) : 0;
+      std::vector<uint64_t> want = s;
+      std::sort(want.begin(), want.end(), std::greater<uint64_t>());
+      sim_block_bitonic_sort_desc(s, count, kRadixThreads);
+      report<uint32_t>(s == want, "block_sort", count, real, trial, 0);
+    }
+  }
+}
+
 // ---- threshold row per block (topk_threshold.cuh) --------------------------
-// Mirror of block_kth_largest: 8-bit digits from the top, stop when the
-// chosen bucket is exactly what is still needed (or the digits run out, for
-// repeated zeros), answer = the bucket's minimum.
+// Mirror of block_kth_largest: 8-bit digits from the highest bit where the
+// values differ, stop when the chosen bucket is exactly what is still needed
+// (or the digits run out, for repeated zeros), answer = the bucket's minimum.
 uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes) {
-  uint64_t prefix = 0;
-  uint32_t k_left = k;
-  int shift = 64;
+  const uint64_t lo = *std::min_element(a.begin(), a.end());
+  const uint64_t hi = *std::max_element(a.begin(), a.end());
   *passes = 0;
+  if (lo == hi) return hi;
+  int hs = threshold_select_top(lo, hi);
+  uint64_t prefix = hs == 64 ? 0 : (hi >> hs) << hs;
+  uint32_t k_left = k;
+  int shift = hs;
   for (int pass = 0;; ++pass) {
     ++*passes;
-    const int hs = shift;
-    shift -= kThresholdSelectBits;
+    shift = threshold_select_shift(hs);
     std::vector<uint32_t> h(kThresholdSelectBins, 0);
     for (uint64_t e : a) {
       if (hs == 64 || (e >> hs) == (prefix >> hs)) ++h[uint32_t(e >> shift) & (kThresholdSelectBins - 1)];
@@ -470,6 +596,7 @@ uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes
     if (digit == ~0u || pass >= kThresholdSelectPasses) return ~0ull;
     prefix |= uint64_t(digit) << shift;
     k_left -= above_sel;
+    hs = shift;
     if (count_sel == k_left || shift == 0) break;
   }
   uint64_t m = ~0ull;
@@ -480,12 +607,13 @@ uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes
 }
 
 int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallback
-int64_t g_threshold_max_ratio_x100 = 0;  // worst candidates / k (x100) on the sorted path, random rows
+int64_t g_threshold_max_ratio_x100 = 0;
+int g_threshold_sorted = 0;  // rows whose candidates took the bitonic fallback of the rank  // worst candidates / k (x100) on the sorted path, random rows
 
 // Emulates threshold_topk_row_per_block_kernel<U, kR> on one row whose first
 // `head` elements come before the first 16-byte boundary and whose first len
 // elements take part.
-template <KeyKind Kind, typename U, int kR>
+template <KeyKind Kind, typename U, int kR, int kUnroll>
 bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t head_in,
                      int pattern) {
   using P = uint64_t;
@@ -493,7 +621,6 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   constexpr int kThreads = kRadixThreads;
   constexpr int kG = kThreads * kR;
   constexpr int kVec = int(16 / sizeof(U));
-  constexpr int kUnroll = kRadixUnroll<U>;
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int64_t n = int64_t(row.size());
   auto packed = [&](int64_t i) { return Pack::pack(codec.key(row[size_t(i)]), uint32_t(i)); };
@@ -536,8 +663,17 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
     if (pattern == 0 && len >= 4 * kG) {
       g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, c * 100 / k);
     }
-    cand.resize(size_t(next_pow2(std::max(c, k))), P(0));
-    std::sort(cand.begin(), cand.end(), std::greater<P>());
+    std::vector<P> slots;
+    if (!sim_block_rank_desc(cand, &slots)) {  // a bucket too full: the sort
+      ++g_threshold_sorted;
+      if (std::getenv("SIM_VERBOSE")) std::printf("rank fallback n=%lld k=%lld c=%lld pattern=%d\n", (long long)n, (long long)k, (long long)c, pattern);
+      const int count = int(next_pow2(std::max(c, k)));
+      cand.resize(size_t(count), P(0));
+      sim_block_bitonic_sort_desc(cand, count, kThreads);
+      slots = cand;
+    }
+    slots.resize(size_t(std::max<int64_t>(k, int64_t(slots.size()))), P(0));  // padding past c
+    cand = slots;
     return write_outputs<Kind, U>(cand, k) == oracle<Kind>(row, len, k);
   }
   ++g_threshold_paths[2];
@@ -548,12 +684,22 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   return sim_radix<Kind, U>(row, len, k, (kG - survivors) / 2, &scans);
 }
 
+// Both load widths the launcher picks from (threshold_unroll): the groups'
+// element sets depend on it.
+template <KeyKind Kind, typename U, int kR>
+bool sim_threshold_u(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
+  constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
+  bool ok = sim_threshold_r<Kind, U, kR, kNarrow>(row, len, k, head, pattern);
+  if constexpr (kWide != kNarrow) ok = ok && sim_threshold_r<Kind, U, kR, kWide>(row, len, k, head, pattern);
+  return ok;
+}
+
 template <KeyKind Kind, typename U>
 bool sim_threshold(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
   switch (threshold_slots(k, int(sizeof(U)))) {
-    case 1: return sim_threshold_r<Kind, U, 1>(row, len, k, head, pattern);
-    case 2: return sim_threshold_r<Kind, U, 2>(row, len, k, head, pattern);
-    case 8: return sim_threshold_r<Kind, U, 8>(row, len, k, head, pattern);
+    case 1: return sim_threshold_u<Kind, U, 1>(row, len, k, head, pattern);
+    case 2: return sim_threshold_u<Kind, U, 2>(row, len, k, head, pattern);
+    case 8: return sim_threshold_u<Kind, U, 8>(row, len, k, head, pattern);
   }
   return false;
 }
@@ -715,6 +861,7 @@ void run_width(std::mt19937_64& rng) {
 int main() {
   std::mt19937_64 rng(42);
   check_clamp();
+  check_block_sort(rng);
   run_width<KeyKind::kFloat, uint32_t>(rng);
   run_width<KeyKind::kFloat, uint16_t>(rng);
   run_width<KeyKind::kSigned, uint8_t>(rng);
@@ -722,8 +869,10 @@ int main() {
   run_width<KeyKind::kUnsigned, uint32_t>(rng);
   std::printf("warp_select tiers used: 1:%d 2:%d 3:%d (tier 3 at the real capacity: %d)\n", g_tiers[1],
               g_tiers[2], g_tiers[3], g_natural_tier3);
-  std::printf("threshold paths: sorted %d, radix fallback %d; worst candidates/k on random rows: %.2f\n",
-              g_threshold_paths[1], g_threshold_paths[2], double(g_threshold_max_ratio_x100) / 100.0);
+  std::printf("threshold paths: ranked or sorted %d (sorted: %d), radix fallback %d; "
+              "worst candidates/k on random rows: %.2f\n",
+              g_threshold_paths[1], g_threshold_sorted, g_threshold_paths[2],
+              double(g_threshold_max_ratio_x100) / 100.0);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

@@ -9,7 +9,8 @@
 // Run:   ./topk_selftest            correctness suite (bit-exact vs a CPU oracle)
 //        ./topk_selftest --quick    a smaller suite
 //        ./topk_selftest --big      also rows*n > 2^31 (uint8, slow oracle)
-//        ./topk_selftest --bench    timings of the benchmark grid (float32)
+//        ./topk_selftest --bench    timings of the benchmark grid (float32; --only 1024x8192
+//                                   keeps the shapes whose "RxN kK" contains it)
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
@@ -67,6 +68,7 @@ namespace {
   } while (0)
 
 int g_sm_count = 0;
+double g_clock_khz = 1.0;  // SM clock (phase timing)
 size_t g_l2_bytes = 0;
 int g_passed = 0;
 int g_failed = 0;
@@ -755,7 +757,7 @@ double measure_copy_bandwidth() {
   return 2.0 * double(bytes) / median(times);  // bytes read + written per second
 }
 
-void run_bench() {
+void run_bench(const std::string& only) {
   const double bw = measure_copy_bandwidth();
   std::printf("copy bandwidth (read+write) %.2f TB/s, L2 %.1f MB, %d SMs\n", bw * 1e-12,
               double(g_l2_bytes) / 1e6, g_sm_count);
@@ -776,6 +778,10 @@ void run_bench() {
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
   for (const BenchShape& s : shapes) {
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "%lldx%lld k%lld", (long long)s.rows, (long long)s.n,
+                  (long long)s.k);
+    if (!only.empty() && std::string(shape).find(only) == std::string::npos) continue;
     const size_t elems = size_t(s.rows * s.n);
     const size_t bytes = elems * sizeof(float);
     // Rotate over enough inputs that together they exceed twice the L2.
@@ -822,17 +828,30 @@ void run_bench() {
       }
       return median(times);
     };
+#if defined(JAX_TOPK_PHASE_TIMING)
+    unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
+    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
+#endif
     const double t = time_us(nullptr);
+#if defined(JAX_TOPK_PHASE_TIMING)
+    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));
+#endif
     const double t_len = time_us(whole_lengths);
     const double floor_us = (double(bytes) + double(s.rows * s.k) * 8.0) / bw * 1e6;
-    char shape[64];
-    std::snprintf(shape, sizeof shape, "%lldx%lld k%lld", (long long)s.rows, (long long)s.n,
-                  (long long)s.k);
     char torch[32] = "-";
     if (s.torch_h200_us > 0) std::snprintf(torch, sizeof torch, "%.0f", s.torch_h200_us);
     std::printf("%-22s %-20s %10.1f %10.1f %10.1f %8.2f %12s\n", shape,
                 topk_regime_name(choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count)), t, t_len,
                 floor_us, floor_us / t, torch);
+#if defined(JAX_TOPK_PHASE_TIMING)
+    // Block time per row and phase (5 warm-up + 30 timed launches).
+    std::printf("    phases (block us per row):");
+    for (int i = 0; i < jax_topk::cuda::kPhaseTimerSlots; ++i) {
+      if (cycles[i] == 0) continue;
+      std::printf(" %d:%.2f", i, double(cycles[i]) / (35.0 * double(s.rows)) / (g_clock_khz * 1e-3));
+    }
+    std::printf("\n");
+#endif
     for (float* p : inputs) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaFree(values));
     CHECK_CUDA(cudaFree(indices));
@@ -889,6 +908,7 @@ void run_sort_suite(bool quick, bool big) {
 
 int main(int argc, char** argv) {
   bool bench = false, quick = false, big = false, dry = false, sort = false;
+  std::string only;  // --bench: only the shapes whose "RxN kK" contains this
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--bench") bench = true;
@@ -898,8 +918,9 @@ int main(int argc, char** argv) {
     else if (a == "--lengths") g_lengths_only = true;
     else if (a == "--sort") sort = true;
     else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE]\n",
                    argv[0]);
       return 2;
     }
@@ -916,10 +937,15 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   g_sm_count = prop.multiProcessorCount;
+  {
+    int khz = 0;
+    CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+    g_clock_khz = khz > 0 ? double(khz) : 1.0;
+  }
   g_l2_bytes = size_t(prop.l2CacheSize);
   std::printf("device: %s, %d SMs\n", prop.name, g_sm_count);
   if (bench) {
-    run_bench();
+    run_bench(only);
     return 0;
   }
   sort ? run_sort_suite(quick, big) : run_suite(quick, big);
