@@ -32,8 +32,7 @@ inline constexpr uint32_t kRankMaxBucket = 64;
 // Bucket of value e, from the minimum lo and the range hi - lo: the range's
 // top kRankBucketBits bits (host-callable: the host simulation mirrors it).
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int rank_bucket_shift(uint64_t lo, uint64_t hi) {
-  int width = 0;
-  for (uint64_t r = hi - lo; r != 0; r >>= 1) ++width;
+  const int width = bit_width_u64(hi - lo);
   return width > kRankBucketBits ? width - kRankBucketBits : 0;
 }
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint32_t rank_bucket(uint64_t e, uint64_t lo, int shift) {

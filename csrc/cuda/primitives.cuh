@@ -299,6 +299,14 @@ JAX_TOPK_UNROLL
   }
 }
 
+// Number of bits of x (0 for 0): the position above its highest set bit.
+// Host-callable; used once per block, so a plain loop.
+JAX_TOPK_HOST_DEVICE constexpr int bit_width_u64(uint64_t x) {
+  int width = 0;
+  for (; x != 0; x >>= 1) ++width;
+  return width;
+}
+
 // Smallest power of two >= v (v >= 1).
 JAX_TOPK_HOST_DEVICE constexpr int64_t next_pow2(int64_t v) {
   int64_t p = 1;
