@@ -212,6 +212,19 @@ __device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool w
   return base + uint32_t(__popc(mask & ((1u << lane) - 1u)));
 }
 
+// Inclusive prefix sum of v over the lanes of each segment of `width` lanes
+// (a power of two <= kWarpSize); `lane` is the lane's index in its segment.
+// Every lane of the warp must call it.
+template <typename T>
+__device__ JAX_TOPK_FORCE_INLINE T warp_inclusive_sum(T v, int lane, int width = kWarpSize) {
+JAX_TOPK_UNROLL
+  for (int d = 1; d < width; d *= 2) {
+    const T other = __shfl_up_sync(kFullWarpMask, v, d, width);
+    if (lane >= d) v += other;
+  }
+  return v;
+}
+
 // Block-wide exclusive prefix sum of one value per thread, in thread order.
 // All threads must call it. `warp_totals` is shared memory for
 // kThreads / kWarpSize words; the call ends with a barrier so it can be
@@ -222,22 +235,12 @@ __device__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* warp_totals) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = lane_id();
   const int warp = int(threadIdx.x) / kWarpSize;
-  uint32_t inclusive = v;
-JAX_TOPK_UNROLL
-  for (int d = 1; d < kWarpSize; d *= 2) {
-    const uint32_t t = __shfl_up_sync(kFullWarpMask, inclusive, d);
-    if (lane >= d) inclusive += t;
-  }
+  const uint32_t inclusive = warp_inclusive_sum(v, lane);
   if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    uint32_t total = lane < kWarps ? warp_totals[lane] : 0;
-    uint32_t incl = total;
-JAX_TOPK_UNROLL
-    for (int d = 1; d < kWarpSize; d *= 2) {
-      const uint32_t t = __shfl_up_sync(kFullWarpMask, incl, d);
-      if (lane >= d) incl += t;
-    }
+    const uint32_t total = lane < kWarps ? warp_totals[lane] : 0;
+    const uint32_t incl = warp_inclusive_sum(total, lane);
     if (lane < kWarps) warp_totals[lane] = incl - total;  // exclusive warp offsets
   }
   __syncthreads();
@@ -247,56 +250,66 @@ JAX_TOPK_UNROLL
 }
 
 // ---------------------------------------------------------------------------
-// Walks x[begin, end) of one row with the threads [0, nthreads) of a block,
-// calling visit(bits, index, valid) the same number of times in every thread
-// (so visit may use warp collectives): 16-byte loads for the aligned middle,
-// kUnroll of them in flight per thread, scalar head and tail. Invalid calls
-// carry bits = 0 and must be ignored by visit.
 template <typename U>
 union Vec16 {
   uint4 raw;
   U elems[16 / sizeof(U)];
 };
 
-template <typename U, int kUnroll, typename Visit>
-__device__ JAX_TOPK_FORCE_INLINE void walk_row(const U* __restrict__ row, int64_t begin,
-                                               int64_t end, int tid, int nthreads,
-                                               Visit&& visit) {
+// Walks row[0, n) with the threads [0, nthreads) of a block: a scalar head up
+// to the first 16-byte boundary, then groups of kUnroll 16-byte loads per
+// thread, then a scalar tail. For each step (the head, each group, the tail) it
+// calls step.scan(bits, i, valid, pos) for every element of the step, then
+// step.between(), then step.emit(bits, i, valid, pos) for every element again
+// (the loaded data stays in registers). pos is the element's position in the
+// step (0 for the head and tail): a compile-time constant once the loops are
+// unrolled, so it may index a register array or a bit mask. Every thread of
+// the block makes the same calls to scan and between (between() may use warp
+// collectives); emit is skipped in a step where step.emits() is false.
+// Invalid calls carry bits = 0 and must be ignored. Indices are 32-bit (n < 2^31): 64-bit index arithmetic cost a few
+// instructions per element.
+template <typename U, int kUnroll, typename Step>
+__device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, int n, int tid,
+                                                     int nthreads, Step& step) {
   constexpr int kVec = int(16 / sizeof(U));
-  const int64_t len = end - begin;
-  if (len <= 0) return;  // uniform: same arguments in every thread
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(row + begin);
-  const int64_t to_aligned = int64_t((16 - (addr & 15)) & 15) / int64_t(sizeof(U));
-  const int64_t head = to_aligned < len ? to_aligned : len;  // < kVec <= nthreads
-  {
-    const int64_t i = begin + tid;
-    const bool valid = tid < head;
-    visit(valid ? row[i] : U(0), i, valid);
-  }
-  const int64_t body_begin = begin + head;
-  const int64_t nvec = (end - body_begin) / kVec;
-  const uint4* vecs = reinterpret_cast<const uint4*>(row + body_begin);
-  for (int64_t v0 = 0; v0 < nvec; v0 += int64_t(nthreads) * kUnroll) {
+  if (n <= 0) return;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int to_aligned = int((16 - (addr & 15)) & 15) / int(sizeof(U));
+  const int head = to_aligned < n ? to_aligned : n;
+  auto scalar_step = [&](int i, bool valid) {
+    const U bits = valid ? row[i] : U(0);
+    step.scan(bits, i, valid, 0);
+    step.between();
+    step.emit(bits, i, valid, 0);
+  };
+  scalar_step(tid, tid < head);
+  const int nvec = (n - head) / kVec;
+  const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
+  for (int v0 = 0; v0 < nvec; v0 += nthreads * kUnroll) {
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + int64_t(u) * nthreads + tid;
-      data[u].raw = v < nvec ? vecs[v] : make_uint4(0, 0, 0, 0);
+      const int v = v0 + u * nthreads + tid;
+      data[u].raw = v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
     }
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t v = v0 + int64_t(u) * nthreads + tid;
-      const bool valid = v < nvec;
+      const int v = v0 + u * nthreads + tid;
 JAX_TOPK_UNROLL
-      for (int e = 0; e < kVec; ++e) visit(data[u].elems[e], body_begin + v * kVec + e, valid);
+      for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
+    }
+    step.between();
+    if (step.emits()) {  // per thread: most threads of a sparse compaction skip it
+JAX_TOPK_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * nthreads + tid;
+JAX_TOPK_UNROLL
+        for (int e = 0; e < kVec; ++e) step.emit(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
+      }
     }
   }
-  {
-    const int64_t tail_begin = body_begin + nvec * kVec;  // fewer than kVec left
-    const int64_t i = tail_begin + tid;
-    const bool valid = i < end;
-    visit(valid ? row[i] : U(0), i, valid);
-  }
+  const int tail = head + nvec * kVec + tid;  // fewer than kVec left
+  scalar_step(tail, tail < n);
 }
 
 // Number of bits of x (0 for 0): the position above its highest set bit.

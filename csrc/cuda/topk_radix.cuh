@@ -230,18 +230,30 @@ __device__ JAX_TOPK_FORCE_INLINE void radix_visit(const RadixState<P>& st, Radix
   }
 }
 
-// Scans x[begin, end) of a row.
+// Scans x[begin, end) of a row (end - begin < 2^31).
 template <typename U, typename P>
 __device__ JAX_TOPK_FORCE_INLINE void radix_scan_row(const U* row, int64_t begin, int64_t end,
                                                      KeyCodec<U> codec, const RadixState<P>& st,
                                                      RadixField next, bool gather,
                                                      const RadixSinks<P>& sinks) {
-  using Pack = KeyIndexPacking<U, P>;
-  walk_row<U, kRadixUnroll<U>>(row, begin, end, int(threadIdx.x), int(blockDim.x),
-                            [&](U bits, int64_t i, bool valid) {
-                              radix_visit(st, next, gather, sinks,
-                                          Pack::pack(codec.key(bits), uint32_t(i)), valid);
-                            });
+  // Each element is visited in the scan of walk_row_steps; nothing is emitted.
+  struct Scan {
+    KeyCodec<U> codec;
+    const RadixState<P>& st;
+    RadixField next;
+    bool gather;
+    const RadixSinks<P>& sinks;
+    uint32_t begin;
+    __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int) {
+      radix_visit(st, next, gather, sinks,
+                  KeyIndexPacking<U, P>::pack(codec.key(bits), begin + uint32_t(i)), valid);
+    }
+    __device__ JAX_TOPK_FORCE_INLINE void between() {}
+    __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return false; }
+    __device__ JAX_TOPK_FORCE_INLINE void emit(U, int, bool, int) {}
+  } scan{codec, st, next, gather, sinks, uint32_t(begin)};
+  walk_row_steps<U, kRadixUnroll<U>>(row + begin, int(end - begin), int(threadIdx.x), int(blockDim.x),
+                                     scan);
 }
 
 // Scans buf[begin, end) of a candidate buffer.

@@ -102,61 +102,6 @@ struct ThresholdShared {
   uint32_t candidates;
 };
 
-// walk_row (primitives.cuh) in steps: for each step of the walk (the scalar
-// head, each unrolled group of kUnroll 16-byte loads, the scalar tail) it
-// calls step.scan(bits, i, valid, pos) for every element of the step, then
-// step.between(), then step.emit(bits, i, valid, pos) for every element again
-// (the loaded data stays in registers). pos is the element's position in the
-// step (0 for the head and tail): a compile-time constant once the loops are
-// unrolled, so it may index a register array or a bit mask. Every thread of
-// the block makes the same calls to scan and between (between() may use warp
-// collectives); emit is skipped in a step where step.emits() is false.
-// Indices are 32-bit (n < 2^31): 64-bit index arithmetic cost a few
-// instructions per element.
-template <typename U, int kUnroll, typename Step>
-__device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, int n, int tid,
-                                                     int nthreads, Step& step) {
-  constexpr int kVec = int(16 / sizeof(U));
-  if (n <= 0) return;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
-  const int to_aligned = int((16 - (addr & 15)) & 15) / int(sizeof(U));
-  const int head = to_aligned < n ? to_aligned : n;
-  auto scalar_step = [&](int i, bool valid) {
-    const U bits = valid ? row[i] : U(0);
-    step.scan(bits, i, valid, 0);
-    step.between();
-    step.emit(bits, i, valid, 0);
-  };
-  scalar_step(tid, tid < head);
-  const int nvec = (n - head) / kVec;
-  const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
-  for (int v0 = 0; v0 < nvec; v0 += nthreads * kUnroll) {
-    Vec16<U> data[kUnroll];
-JAX_TOPK_UNROLL
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = v0 + u * nthreads + tid;
-      data[u].raw = v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
-    }
-JAX_TOPK_UNROLL
-    for (int u = 0; u < kUnroll; ++u) {
-      const int v = v0 + u * nthreads + tid;
-JAX_TOPK_UNROLL
-      for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
-    }
-    step.between();
-    if (step.emits()) {  // per thread: most threads of a sparse compaction skip it
-JAX_TOPK_UNROLL
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + u * nthreads + tid;
-JAX_TOPK_UNROLL
-        for (int e = 0; e < kVec; ++e) step.emit(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
-      }
-    }
-  }
-  const int tail = head + nvec * kVec + tid;  // fewer than kVec left
-  scalar_step(tail, tail < n);
-}
-
 // Step of the first read: each thread's kR group maxima of packed values
 // (group = pos mod kR; 0 for empty groups).
 template <typename U, int kR>
@@ -206,13 +151,8 @@ struct CompactAtLeast {
     mask = 0;
     if (!__any_sync(kFullWarpMask, pending != 0)) return;  // uniform: sparse candidates
     const uint32_t count = uint32_t(__popc(pending));
-    uint32_t inclusive = count;
     const int lane = lane_id();
-JAX_TOPK_UNROLL
-    for (int d = 1; d < kWarpSize; d *= 2) {
-      const uint32_t v = __shfl_up_sync(kFullWarpMask, inclusive, d);
-      if (lane >= d) inclusive += v;
-    }
+    const uint32_t inclusive = warp_inclusive_sum(count, lane);
     uint32_t base = 0;
     if (lane == kWarpSize - 1) base = atomicAdd(counter, inclusive);
     slot = __shfl_sync(kFullWarpMask, base, kWarpSize - 1) + inclusive - count;
@@ -265,12 +205,7 @@ __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, 
       uint32_t mine = 0;
 JAX_TOPK_UNROLL
       for (int j = 0; j < kPer; ++j) mine += h[top - j];
-      uint32_t incl = mine;
-JAX_TOPK_UNROLL
-      for (int d = 1; d < kWarpSize; d *= 2) {
-        const uint32_t t = __shfl_up_sync(kFullWarpMask, incl, d);
-        if (tid >= d) incl += t;
-      }
+      const uint32_t incl = warp_inclusive_sum(mine, tid);  // tid < kWarpSize: the lane
       const uint32_t above = incl - mine;
       if (above < k_left && k_left <= incl) {
         uint32_t acc = above;

@@ -347,11 +347,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
   M cand = ws_key_candidates(key, t) & valid_mask;
 
   auto group_scan = [&](int mine, int* total) {
-    int incl = mine;
-    for (int d = 1; d < L; d *= 2) {
-      const int o = __shfl_up_sync(kFullWarpMask, incl, d);
-      if (gl >= d) incl += o;
-    }
+    const int incl = warp_inclusive_sum(mine, gl, L);
     *total = __shfl_sync(kFullWarpMask, incl, group_base + L - 1);
     return incl - mine;
   };

@@ -624,7 +624,7 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int64_t n = int64_t(row.size());
   auto packed = [&](int64_t i) { return Pack::pack(codec.key(row[size_t(i)]), uint32_t(i)); };
-  // 1. Group maxima, in the walk order of walk_row_pos.
+  // 1. Group maxima, in the walk order of walk_row_steps.
   std::vector<P> a(size_t(kG), P(0));
   auto visit = [&](int tid, int64_t i, int pos) {
     P& m = a[size_t((pos % kR) * kThreads + tid)];
