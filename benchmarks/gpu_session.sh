@@ -8,7 +8,7 @@
 #   bench      benchmarks/run.py over the top_k issue grid (JSON + plot)
 #   bench_sort benchmarks/run.py --op sort
 #   trace_sort the GPU timeline of the sort's kernels (benchmarks/trace_calls.py --op sort)
-#   sort       the CUDA sort: self-test --sort (with --big: several device-wide chunks),
+#   sort       the CUDA sort: self-test --sort (with --big: several chunks of the tile regime),
 #              memcheck and racecheck over its --quick cases, the GPU pytest of sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
@@ -94,8 +94,10 @@ for s in "$@"; do
       step selftest_sort 300 "$SELFTEST" --sort --big
       step memcheck_sort 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --sort --quick \
         --max-elements 300000
-      step racecheck_sort 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
-        --kernel-name "kns=sort_rows_in_block" "$SELFTEST" --sort --quick --max-elements 65536
+      for kernel in sort_rows_in_block sort_tile_pass; do
+        step "racecheck_$kernel" 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+          --kernel-name "kns=$kernel" "$SELFTEST" --sort --quick --max-elements 65536
+      done
       JAX_TOPK_TEST_PLATFORM=gpu step tests_sort_gpu 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_sort.py tests/test_sort_gpu.py tests/test_ragged.py ;;
     trace_sort)

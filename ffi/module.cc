@@ -131,6 +131,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         nb::list sort_n;
         for (int64_t c = jax_topk::kWarpSizeForSort; c <= jax_topk::kSortWarpMaxN; c *= 2) sort_n.append(c);
         for (const auto& shape : jax_topk::kSortBlockShapes) sort_n.append(shape.capacity());
+        sort_n.append(2 * jax_topk::kSortTileElements);  // whole and partial tiles of the tile regime
         d["sort_thresholds_n"] = sort_n;
 #endif
         return d;

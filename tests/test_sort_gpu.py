@@ -1,5 +1,5 @@
 """GPU sort == CPU sort, bit for bit, around every boundary of the CUDA sort
-dispatcher (block shapes, the device-wide radix path, its row chunks), both
+dispatcher (block shapes, the tile regime's tiles and row chunks), both
 directions, with and without per-row lengths (skipped without a GPU). The CPU
 side is the native CPU kernel, itself checked against the numpy oracle in
 test_sort.py; the oracle is also checked directly on small cases here."""
@@ -23,7 +23,7 @@ if GPU is None:
 
 def sort_boundaries() -> list[int]:
     """Row lengths just below, at and above each threshold the CUDA module
-    reports (warp slots, block shapes), plus lengths on the device-wide path."""
+    reports (warp slots, block shapes, tiles), plus rows of many tiles."""
     ns = {1, 2, 3, 31, 5000, 40000, (1 << 17) + 3}
     info = jax_topk.info()["platforms"].get("cuda", {})
     for capacity in info.get("build", {}).get("sort_thresholds_n", []):
@@ -85,8 +85,8 @@ def test_dtypes_gpu(dtype, n, rng):
     assert_gpu_equals_cpu(make_input("random", (rows, n), dtype, rng), True, lengths=user_lengths(rows, n, rng))
 
 
-def test_device_radix_in_several_chunks(rng):
-    # 65 rows of 2^20: more than one chunk of the device-wide sort (2^26 elements each).
+def test_row_tiles_in_several_chunks(rng):
+    # 65 rows of 2^20: more than one chunk of the tile regime (2^26 elements each).
     x = make_input("ties", (65, 1 << 20), "uint8", rng)
     for descending in (False, True):
         assert_gpu_equals_cpu(x, descending, lengths=user_lengths(65, 1 << 20, rng))

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "jax_topk/dtypes.h"
+#include "jax_topk/sort_dispatch.h"
 
 namespace jax_topk::cuda {
 
@@ -29,5 +30,14 @@ size_t sort_scratch_bytes(DType dtype, int64_t rows, int64_t n);
 cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                       int64_t n, bool descending, const int32_t* lengths, void* scratch,
                       size_t scratch_bytes, cudaStream_t stream);
+
+// The same in a given regime rather than choose_sort_regime's (tests and
+// benchmarks: a regime sorts any row it holds, sort_regime_holds), with the
+// scratch that regime needs. An empty problem returns success; a regime that
+// cannot hold n returns cudaErrorInvalidValue.
+size_t sort_scratch_bytes(DType dtype, int64_t rows, int64_t n, SortRegime regime);
+cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+                      int64_t n, bool descending, const int32_t* lengths, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream, SortRegime regime);
 
 }  // namespace jax_topk::cuda

@@ -15,7 +15,8 @@
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
 //        ./topk_selftest --sort     the sort suite instead (both directions; with --big
-//                                   also several device-wide chunks)
+//                                   also several chunks of the tile regime; with
+//                                   --bench the sort timings in every regime)
 //
 // Sort cases use the same inputs and lengths; their oracle is the stable sort
 // of the ordered keys, ascending or descending, ties by lower index.
@@ -41,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -281,6 +283,15 @@ void oracle_topk(const U* x, int64_t rows, int64_t n, int64_t k, const int32_t* 
 
 constexpr int kGuardWords = 64;
 
+// Sorts run in this regime when set and it holds the row (the sort suite's
+// tile cases below the dispatcher's threshold), else in the dispatcher's.
+std::optional<SortRegime> g_sort_regime;
+
+SortRegime sort_regime_for(int64_t rows, int64_t n) {
+  if (g_sort_regime && sort_regime_holds(*g_sort_regime, n) && rows > 0) return *g_sort_regime;
+  return choose_sort_regime(rows, n);
+}
+
 // Runs one case; returns true when it passed.
 template <typename Traits>
 bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
@@ -290,7 +301,8 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
   const bool sort = op != Op::kTopK;
   const int64_t lengths_k = k;  // sorts: the k of the case still shapes its mixed lengths
   if (sort) k = n;              // every element is output
-  const char* regime = sort ? sort_regime_name(choose_sort_regime(rows, n))
+  const SortRegime sort_regime = sort_regime_for(rows, n);
+  const char* regime = sort ? sort_regime_name(sort_regime)
                             : topk_regime_name(choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count));
   char label[320];
   std::snprintf(label, sizeof label,
@@ -327,7 +339,7 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
     CHECK_CUDA(cudaMalloc(&d_lengths, size_t(rows) * sizeof(int32_t)));
     CHECK_CUDA(cudaMemcpy(d_lengths, lengths, size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
-  const size_t scratch_bytes = sort ? jax_topk::cuda::sort_scratch_bytes(d, rows, n)
+  const size_t scratch_bytes = sort ? jax_topk::cuda::sort_scratch_bytes(d, rows, n, sort_regime)
                                     : jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
   if (scratch_bytes > 0) CHECK_CUDA(cudaMalloc(&d_scratch, scratch_bytes));
 
@@ -342,7 +354,7 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
     if (scratch_bytes > 0) CHECK_CUDA(cudaMemset(d_scratch, scratch_garbage[run], scratch_bytes));
     cudaError_t err =
         sort ? jax_topk::cuda::sort_rows(d, d_x, d_v, d_i, rows, n, op == Op::kSortDescending, d_lengths,
-                                         d_scratch, scratch_bytes, /*stream=*/0)
+                                         d_scratch, scratch_bytes, /*stream=*/0, sort_regime)
              : jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
                                          scratch_bytes, /*stream=*/0);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();
@@ -731,30 +743,57 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The median time of `timed` calls of launch(i), each between two CUDA events,
+// after `warmup` untimed ones; microseconds.
+template <typename Launch>
+double median_launch_us(Launch launch, int warmup, int timed) {
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  for (int i = 0; i < warmup; ++i) launch(i);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> times;
+  for (int i = 0; i < timed; ++i) {
+    CHECK_CUDA(cudaEventRecord(e0));
+    launch(i);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    times.push_back(double(ms) * 1e3);
+  }
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return median(times);
+}
+
 double measure_copy_bandwidth() {
   const size_t bytes = size_t(512) << 20;
   void *a = nullptr, *b = nullptr;
   CHECK_CUDA(cudaMalloc(&a, bytes));
   CHECK_CUDA(cudaMalloc(&b, bytes));
   CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<double> times;
-  for (int i = 0; i < 12; ++i) {
-    CHECK_CUDA(cudaEventRecord(e0));
-    CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 2) times.push_back(ms * 1e-3);
-  }
+  const double us = median_launch_us(
+      [&](int) { CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 2, 10);
   CHECK_CUDA(cudaFree(a));
   CHECK_CUDA(cudaFree(b));
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  return 2.0 * double(bytes) / median(times);  // bytes read + written per second
+  return 2.0 * double(bytes) / (us * 1e-6);  // bytes read + written per second
+}
+
+// Device copies of one float32 N(0, 1) array of `elems`: as many as together
+// exceed twice the L2 (at least 2, at most max_copies), so that timed calls
+// rotating over them read HBM, not the L2.
+std::vector<float*> normal_inputs(size_t elems, size_t max_copies, std::mt19937_64& rng) {
+  const size_t bytes = elems * sizeof(float);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> host(elems);
+  for (float& f : host) f = normal(rng);
+  std::vector<float*> copies(std::min(max_copies, std::max<size_t>(2, (2 * g_l2_bytes + bytes - 1) / bytes)));
+  for (float*& p : copies) {
+    CHECK_CUDA(cudaMalloc(&p, bytes));
+    CHECK_CUDA(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  return copies;
 }
 
 void run_bench(const std::string& only) {
@@ -773,10 +812,6 @@ void run_bench(const std::string& only) {
   std::printf("%-22s %-20s %10s %10s %10s %8s %12s\n", "shape (f32)", "regime", "us", "len_us",
               "floor_us", "floor/t", "torch_h200");
   std::mt19937_64 rng(1);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
   for (const BenchShape& s : shapes) {
     char shape[64];
     std::snprintf(shape, sizeof shape, "%lldx%lld k%lld", (long long)s.rows, (long long)s.n,
@@ -784,16 +819,8 @@ void run_bench(const std::string& only) {
     if (!only.empty() && std::string(shape).find(only) == std::string::npos) continue;
     const size_t elems = size_t(s.rows * s.n);
     const size_t bytes = elems * sizeof(float);
-    // Rotate over enough inputs that together they exceed twice the L2.
-    int nbuf = int(std::max<size_t>(2, (2 * g_l2_bytes + bytes - 1) / bytes));
-    nbuf = std::min(nbuf, 64);
-    std::vector<float> host(elems);
-    for (float& f : host) f = normal(rng);
-    std::vector<float*> inputs(static_cast<size_t>(nbuf));
-    for (float*& p : inputs) {
-      CHECK_CUDA(cudaMalloc(&p, bytes));
-      CHECK_CUDA(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice));
-    }
+    const std::vector<float*> inputs = normal_inputs(elems, 64, rng);
+    const int nbuf = int(inputs.size());
     float* values = nullptr;
     int32_t* indices = nullptr;
     CHECK_CUDA(cudaMalloc(&values, size_t(s.rows * s.k) * sizeof(float)));
@@ -814,19 +841,7 @@ void run_bench(const std::string& only) {
                                              indices, s.rows, s.n, s.k, lengths, scratch,
                                              scratch_bytes, 0));
       };
-      for (int i = 0; i < 5; ++i) launch(i);
-      CHECK_CUDA(cudaDeviceSynchronize());
-      std::vector<double> times;
-      for (int i = 0; i < 30; ++i) {
-        CHECK_CUDA(cudaEventRecord(e0));
-        launch(i);
-        CHECK_CUDA(cudaEventRecord(e1));
-        CHECK_CUDA(cudaEventSynchronize(e1));
-        float ms = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-        times.push_back(double(ms) * 1e3);
-      }
-      return median(times);
+      return median_launch_us(launch, 5, 30);
     };
 #if defined(JAX_TOPK_PHASE_TIMING)
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
@@ -858,13 +873,13 @@ void run_bench(const std::string& only) {
     CHECK_CUDA(cudaFree(whole_lengths));
     if (scratch) CHECK_CUDA(cudaFree(scratch));
   }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
 }
 
 // The sort suite: every dtype the CUDA sort takes, both directions, row
-// lengths around each block capacity and on the device-wide path, with and
-// without per-row lengths (k of a case only shapes its mixed lengths).
+// lengths around each block capacity and tile multiple, with and without
+// per-row lengths (k of a case only shapes its mixed lengths); then the tile
+// regime alone on rows the dispatcher gives the warp and block regimes
+// (single partial tiles).
 void run_sort_suite(bool quick, bool big) {
   std::vector<int64_t> ns = {1, 2, 3, 5000, 70001};
   for (int64_t c = kWarpSizeForSort; c <= kSortWarpMaxN; c *= 2) {
@@ -873,16 +888,16 @@ void run_sort_suite(bool quick, bool big) {
   for (const auto& shape : kSortBlockShapes) {
     for (int64_t d : {-1, 0, 1}) ns.push_back(shape.capacity() + d);
   }
+  for (int64_t d : {-1, 0, 1}) ns.push_back(2 * kSortTileElements + d);
   std::vector<DType> dtypes;
   for (DType d : kAllDtypes) {
     if (sort_cuda_dtype(d)) dtypes.push_back(d);
   }
-  for (Op op : {Op::kSortAscending, Op::kSortDescending}) {
-    g_op = op;
+  auto run_ns = [&](const std::vector<int64_t>& lengths_of_rows) {
     for (DType d : dtypes) {
       run_one(d, 0, 5, 0, Pattern::kRandomBits);
       run_one(d, 3, 0, 0, Pattern::kRandomBits);
-      for (int64_t n : ns) {
+      for (int64_t n : lengths_of_rows) {
         const int64_t rows = n > kSortBlockMaxN ? 3 : 37;
         for (Pattern p : kAllPatterns) {
           if (quick && p != Pattern::kFewValues && p != Pattern::kSpecials) continue;
@@ -893,15 +908,69 @@ void run_sort_suite(bool quick, bool big) {
         run_all_lengths(d, rows, n, std::max<int64_t>(1, n / 3), Pattern::kFewValues);
       }
     }
+  };
+  for (Op op : {Op::kSortAscending, Op::kSortDescending}) {
+    g_op = op;
+    run_ns(ns);
     run_one(DType::float32, 300, 256, 0, Pattern::kGaussian);  // more rows than one wave of blocks
+    run_one(DType::float32, 300, 9000, 0, Pattern::kGaussian);  // tiles of many rows at once
+    g_sort_regime = SortRegime::kRowTiles;
+    run_ns({1, 2, 31, 1000, kSortTileElements - 1, kSortTileElements});
+    g_sort_regime.reset();
     if (big) {
-      // Several device-wide chunks (kSortDeviceMaxChunkElements each).
-      const int64_t n = 1 << 20, rows = kSortDeviceMaxChunkElements / n + 1;
+      // Several chunks of the tile regime (kSortChunkMaxElements each).
+      const int64_t n = 1 << 20, rows = kSortChunkMaxElements / n + 1;
       run_one(DType::uint8, rows, n, 0, Pattern::kFewValues);
       run_lengths(DType::bfloat16, rows, n, n / 2, Pattern::kSpecials);
     }
   }
   g_op = Op::kTopK;
+}
+
+// Sort timings (float32 N(0,1), ascending) of the sort issue's shapes and a
+// few more, in every regime that holds the row (where the thresholds lie).
+void run_sort_bench(const std::string& only) {
+  struct Shape {
+    int64_t rows, n;
+  };
+  const Shape shapes[] = {{16384, 256}, {4096, 2048}, {1024, 8192}, {128, 131072}, {64, 65536},
+                          {16384, 128}, {16384, 512}, {8192, 1024}, {2048, 4096}, {512, 16384}, {1, 1048576}, {16, 1048576}};
+  const SortRegime regimes[] = {SortRegime::kRowInWarp, SortRegime::kRowInBlock, SortRegime::kRowTiles};
+  const double bw = measure_copy_bandwidth();
+  std::printf("copy bandwidth (read+write) %.2f TB/s\n", bw * 1e-12);
+  std::printf("%-16s %-14s %10s %10s %8s\n", "sort (f32)", "regime", "us", "floor_us", "floor/t");
+  std::mt19937_64 rng(2);
+  for (const Shape& s : shapes) {
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "%lldx%lld", (long long)s.rows, (long long)s.n);
+    if (!only.empty() && std::string(shape).find(only) == std::string::npos) continue;
+    const size_t elems = size_t(s.rows * s.n), bytes = elems * sizeof(float);
+    const std::vector<float*> inputs = normal_inputs(elems, 16, rng);
+    const int nbuf = int(inputs.size());
+    float* values = nullptr;
+    int32_t* indices = nullptr;
+    CHECK_CUDA(cudaMalloc(&values, bytes));
+    CHECK_CUDA(cudaMalloc(&indices, elems * sizeof(int32_t)));
+    // Floor: the input read once, values and indices written once.
+    const double floor_us = 3.0 * double(bytes) / bw * 1e6;
+    for (SortRegime regime : regimes) {
+      if (!sort_regime_holds(regime, s.n)) continue;
+      const size_t scratch_bytes = jax_topk::cuda::sort_scratch_bytes(DType::float32, s.rows, s.n, regime);
+      void* scratch = nullptr;
+      if (scratch_bytes) CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+      auto launch = [&](int i) {
+        CHECK_CUDA(jax_topk::cuda::sort_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, s.rows,
+                                             s.n, false, nullptr, scratch, scratch_bytes, 0, regime));
+      };
+      const double t = median_launch_us(launch, 3, 15);
+      std::printf("%-16s %-14s %10.1f %10.1f %8.2f%s\n", shape, sort_regime_name(regime), t, floor_us,
+                  floor_us / t, regime == choose_sort_regime(s.rows, s.n) ? "  (dispatched)" : "");
+      if (scratch) CHECK_CUDA(cudaFree(scratch));
+    }
+    for (float* p : inputs) CHECK_CUDA(cudaFree(p));
+    CHECK_CUDA(cudaFree(values));
+    CHECK_CUDA(cudaFree(indices));
+  }
 }
 
 }  // namespace
@@ -945,7 +1014,7 @@ int main(int argc, char** argv) {
   g_l2_bytes = size_t(prop.l2CacheSize);
   std::printf("device: %s, %d SMs\n", prop.name, g_sm_count);
   if (bench) {
-    run_bench(only);
+    sort ? run_sort_bench(only) : run_bench(only);
     return 0;
   }
   sort ? run_sort_suite(quick, big) : run_suite(quick, big);
