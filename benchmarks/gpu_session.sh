@@ -19,6 +19,8 @@
 #   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
+#   sharded    (2+ GPUs) tests/test_sharding.py on the GPUs, and benchmarks/sharded.py: row- and
+#              axis-sharded top_k over every GPU against one
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -120,6 +122,9 @@ for s in "$@"; do
       step profile_routing 300 ncu -k regex:route_tokens --metrics gpu__time_duration.sum,smsp__inst_executed.sum,\
 sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_routing.py --calls 2 ;;
+    sharded)
+      step tests_sharded 300 pytest -q -p no:warnings -p no:cacheprovider tests/test_sharding.py
+      step bench_sharded 300 python3 benchmarks/sharded.py --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

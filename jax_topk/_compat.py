@@ -16,3 +16,11 @@ except ImportError:  # pragma: no cover - future layouts
 def symbolic_zero_tangent(primal) -> ad.Zero:
     """A symbolic-zero tangent for ``primal`` (float0 for integer primals)."""
     return ad.Zero(jax.typeof(primal).to_tangent_aval())
+
+
+def requires_devices_during_lowering(primitive) -> None:
+    """Asks JAX to give ``primitive``'s lowering the device assignment (its
+    partitioned lowering builds a ``custom_partitioning`` call, which needs it)."""
+    from jax._src import dispatch
+
+    dispatch.prim_requires_devices_during_lowering.add(primitive)

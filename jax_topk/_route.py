@@ -29,7 +29,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_topk import _compat, _registry
+from jax_topk import _compat, _registry, _sharding
 from jax_topk._topk import top_k
 
 SCORES = ("softmax", "sigmoid", "sqrt_softplus")  # index = RouteScore in routing.h
@@ -104,13 +104,30 @@ def composition(logits, bias, *, k, score, n_groups, top_groups, renormalize, sc
 route_p = Primitive("jax_topk_route")
 route_p.multiple_results = True
 route_p.def_impl(functools.partial(_compat.apply_primitive, route_p))
+# The kernel call itself; route_p lowers to it, partitioned across devices
+# when the logits are sharded (_sharding.py: tokens stay where they are, a
+# sharded expert axis is gathered).
+route_local_p = Primitive("jax_topk_route_local")
+route_local_p.multiple_results = True
 
 
-@route_p.def_abstract_eval
 def _abstract_eval(logits, bias, *, k, **_):
     shape = logits.shape[:-1] + (k,)
-    return (logits.update(shape=shape, dtype=jnp.float32, weak_type=False),
-            logits.update(shape=shape, dtype=jnp.int32, weak_type=False))
+    sharding = _sharding.rows_sharding(logits)
+    extra = {} if sharding is None else {"sharding": sharding}
+    return (logits.update(shape=shape, dtype=jnp.float32, weak_type=False, **extra),
+            logits.update(shape=shape, dtype=jnp.int32, weak_type=False, **extra))
+
+
+route_p.def_abstract_eval(_abstract_eval)
+route_local_p.def_abstract_eval(_abstract_eval)
+
+
+def _roles(avals):
+    """(logits, bias) to the partitioning: a bias is absent or per expert
+    (shared by every token), or per token (sharded like the logits)."""
+    per_token = avals[1].ndim == avals[0].ndim and avals[0].ndim > 1
+    return _sharding.ELEMENTS, _sharding.ELEMENTS if per_token else _sharding.SHARED
 
 
 def _batch(args, dims, **params):
@@ -168,6 +185,8 @@ def _kernel_lowering(platform: str):
 
 batching.primitive_batchers[route_p] = _batch
 ad.primitive_jvps[route_p] = _jvp
-mlir.register_lowering(route_p, _fallback_lowering)
+_sharding.register(route_p, _sharding.partitioned_lowering(
+    route_local_p, roles=_roles, split_rule=None))
+mlir.register_lowering(route_local_p, _fallback_lowering)
 for _platform in _registry.platforms():
-    mlir.register_lowering(route_p, _kernel_lowering(_platform), platform=_platform)
+    mlir.register_lowering(route_local_p, _kernel_lowering(_platform), platform=_platform)

@@ -10,6 +10,8 @@ and cheap: a batched dimension is moved to the front and becomes more rows, so
 
 Side by side here: abstract eval, batching, JVP, the kernel lowering per
 platform (FFI targets from the registry) and the pure-JAX fallback lowering.
+Across devices the primitive lowers through ``_sharding.py`` (rows stay where
+they are; a sharded last axis runs the op's split rule).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_topk import _compat, _registry
+from jax_topk import _compat, _registry, _sharding
 
 
 def make_row_primitive(
@@ -36,6 +38,7 @@ def make_row_primitive(
     ops: tuple[str, str],
     ffi_attributes: Callable[..., dict],
     workspace_k: Callable[..., int] | None = None,
+    split_rule: _sharding.SplitRule | None = None,
 ) -> Primitive:
     """Builds and registers a row primitive.
 
@@ -49,16 +52,24 @@ def make_row_primitive(
       workspace_k: ``(n, **params) -> k`` passed to the registry's workspace
         rule; platforms whose handlers take a workspace (GPU) get an extra
         uint8 result of that many bytes, dropped after the call.
+      split_rule: how the op runs when the last axis is sharded across
+        devices (``_sharding.py``); None gathers that axis first.
     """
     p = Primitive(name)
     p.multiple_results = True
     p.def_impl(functools.partial(_compat.apply_primitive, p))
+    # The kernel call itself; `p` lowers to it, partitioned across devices
+    # when its operands are sharded (_sharding.py).
+    local = Primitive(name + "_local")
+    local.multiple_results = True
 
     def abstract_eval(x, *lengths, **params):
         shape = x.shape[:-1] + (out_len(x.shape[-1], **params),)
+        sharding = _sharding.rows_sharding(x)
+        extra = {} if sharding is None else {"sharding": sharding}
         return (
-            x.update(shape=shape, dtype=x.dtype, weak_type=False),
-            x.update(shape=shape, dtype=jnp.int32, weak_type=False),
+            x.update(shape=shape, dtype=x.dtype, weak_type=False, **extra),
+            x.update(shape=shape, dtype=jnp.int32, weak_type=False, **extra),
         )
 
     def batch(args, dims, **params):
@@ -110,9 +121,13 @@ def make_row_primitive(
         return lowering
 
     p.def_abstract_eval(abstract_eval)
+    local.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[p] = batch
     ad.primitive_jvps[p] = jvp
-    mlir.register_lowering(p, fallback_lowering)  # every platform without a kernel
+    _sharding.register(p, _sharding.partitioned_lowering(
+        local, roles=lambda avals: (_sharding.ELEMENTS, _sharding.ROWS)[: len(avals)],
+        split_rule=split_rule))
+    mlir.register_lowering(local, fallback_lowering)  # every platform without a kernel
     for platform in _registry.platforms():
-        mlir.register_lowering(p, kernel_lowering(platform), platform=platform)
+        mlir.register_lowering(local, kernel_lowering(platform), platform=platform)
     return p

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_topk import _checks, _keys, _rows
+from jax_topk import _checks, _keys, _rows, _sharding
 
 top_k_p = _rows.make_row_primitive(
     "jax_topk_top_k",
@@ -20,6 +20,7 @@ top_k_p = _rows.make_row_primitive(
     ops=("top_k", "top_k_lengths"),
     ffi_attributes=lambda *, k: {"k": np.int64(k)},
     workspace_k=lambda n, *, k: k,
+    split_rule=_sharding.top_k_candidate_merge,
 )
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 import zlib
 
-import jax
+# Eight CPU devices for the sharding tests, set before jax initialises its
+# backends (tests on one device are unaffected: jit runs on the default one).
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 

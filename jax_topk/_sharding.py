@@ -1,0 +1,193 @@
+"""How the primitives partition under ``jit`` with sharded inputs.
+
+Each public primitive (``top_k``, ``sort``, ``route``) has a LOCAL twin that
+lowers straight to the kernel (or the pure-JAX fallback). The public one
+lowers to the local one when the computation runs as one program (one device,
+or inside ``shard_map``, where every mesh axis is manual); across devices it
+lowers to a ``custom_partitioning`` call whose rules are here:
+
+- Rows (every axis but the last) sharded any way: each device runs the local
+  kernel on its rows. Outputs are sharded like the rows; no collective.
+- The last axis sharded (vocabulary-parallel logits, expert-parallel scores):
+  - ``top_k``: each device takes the top ``min(k, n_local)`` of its slice
+    (global indices), the candidates are all-gathered along the sharded mesh
+    axes (shards x min(k, n_local) values and indices per row, never the
+    input), and a second top-k merges them. Candidates are gathered in
+    shard order, so equal values keep the lower global index first: the
+    result is the unsharded one, bit for bit.
+  - ``sort`` and ``route``: the last axis is all-gathered and every device
+    computes the whole row (a sort's output has every element of the row;
+    routing's softmax normaliser and expert groups span the row).
+  The outputs' last axis is never sharded.
+
+Sharding propagation: a Shardy rule (every leading axis is one factor shared by
+operands and results; the outputs' last axis needs replication), or, with
+GSPMD, the same rule as a callback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_topk import _compat
+
+# A split strategy for a sharded last axis: (bind_local, operands, axes, params)
+# -> results, run per device inside the partitioned computation.
+SplitRule = Callable[..., Sequence[jax.Array]]
+
+
+def padded_spec(sharding, ndim: int) -> tuple:
+    """The sharding's spec with one entry per dimension (None: unsharded)."""
+    spec = tuple(sharding.spec) if sharding is not None and hasattr(sharding, "spec") else ()
+    return spec + (None,) * (ndim - len(spec))
+
+
+def rows_sharding(aval) -> object:
+    """``aval``'s sharding with its last axis unsharded (the abstract-eval rule
+    for the outputs, whose last axis is never sharded)."""
+    sharding = getattr(aval, "sharding", None)
+    if sharding is None or not hasattr(sharding, "update") or aval.ndim == 0:
+        return sharding
+    return sharding.update(spec=PartitionSpec(*padded_spec(sharding, aval.ndim)[:-1], None))
+
+
+def _mesh_axes(entry) -> tuple[str, ...]:
+    return entry if isinstance(entry, tuple) else (entry,)
+
+
+def top_k_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k: int):
+    """``top_k`` of rows whose last axis is split over mesh ``axes`` (run per
+    device): local top-k, all-gather of the candidates, merge."""
+    x = operands[0]
+    lengths = operands[1] if len(operands) > 1 else None
+    n_local = x.shape[-1]
+    shard = jax.lax.axis_index(axes)
+    offset = shard * n_local
+    local = (x,)
+    if lengths is not None:
+        local += (jnp.clip(lengths - offset, 0, n_local).astype(lengths.dtype),)
+    values, indices = bind_local(*local, k=min(k, n_local))
+    indices = jnp.where(indices >= 0, indices + offset, indices)
+    values = jax.lax.all_gather(values, axes, axis=values.ndim - 1, tiled=True)
+    indices = jax.lax.all_gather(indices, axes, axis=indices.ndim - 1, tiled=True)
+    if lengths is None:
+        merged, at = bind_local(values, k=k)
+        return merged, jnp.take_along_axis(indices, at, axis=-1)
+    # Padding slots (index -1) after every real candidate, keeping shard
+    # order among the real ones; then a top-k over the real ones only.
+    order = jnp.argsort(indices < 0, axis=-1, stable=True)
+    values = jnp.take_along_axis(values, order, axis=-1)
+    indices = jnp.take_along_axis(indices, order, axis=-1)
+    real = jnp.sum(indices >= 0, axis=-1, dtype=jnp.int32)
+    merged, at = bind_local(values, real, k=k)
+    picked = jnp.take_along_axis(indices, jnp.maximum(at, 0), axis=-1)
+    return merged, jnp.where(at >= 0, picked, -1)
+
+
+def _is_partitioned(ctx) -> bool:
+    """Whether this lowering is one program over several devices that XLA's
+    partitioner splits (rather than one device, or a shard_map body)."""
+    context = ctx.module_context.axis_context
+    mesh = getattr(context, "mesh", None)
+    manual = getattr(context, "manual_axes", None)
+    if mesh is not None and manual is not None and set(manual) == set(mesh.axis_names):
+        return False  # shard_map: every axis manual
+    devices = getattr(context, "num_devices", None)
+    if devices is None and mesh is not None:
+        devices = math.prod(mesh.shape.values())
+    return bool(devices and devices > 1)
+
+
+# What an operand is to the partitioning, given operand 0 ``[..., n]``:
+ELEMENTS = "elements"  # shaped like operand 0 (a per-token bias): sharded like it
+ROWS = "rows"  # one per row, ``[...]`` (lengths): sharded like its rows
+SHARED = "shared"  # the same for every row (a bias per expert, or none): replicated
+
+
+def partitioned_lowering(
+    local: Primitive,
+    *,
+    roles: Callable[[Sequence], Sequence[str]],
+    split_rule: SplitRule | None,
+) -> Callable:
+    """The lowering of a public primitive whose operand 0 is ``[..., n]`` and
+    whose results are ``[..., m]``, over its local twin ``local``.
+
+    ``roles(avals_in)``: each operand's role (ELEMENTS for operand 0).
+    ``split_rule``: what runs per device when the last axis of operand 0 is
+    sharded; None gathers that axis first.
+    """
+
+    def bind_local(*operands, **params):
+        return tuple(local.bind(*operands, **params))
+
+    def lowering(ctx, *operands, **params):
+        run_local = mlir.lower_fun(lambda *ops: bind_local(*ops, **params), multiple_results=True)
+        if not _is_partitioned(ctx):
+            return run_local(ctx, *operands)
+        avals_in = ctx.avals_in
+        ndim = avals_in[0].ndim
+
+        operand_roles = list(roles(avals_in))
+
+        def operand_specs(x_spec):
+            """What each operand must be sharded as, given operand 0's spec."""
+            by_role = {ELEMENTS: lambda aval: x_spec, ROWS: lambda aval: x_spec[:-1],
+                       SHARED: lambda aval: (None,) * aval.ndim}
+            return [by_role[role](aval) for role, aval in zip(operand_roles, avals_in)]
+
+        def shardings_for(mesh, arg_shapes):
+            x_sharding = arg_shapes[0].sharding
+            if not isinstance(x_sharding, NamedSharding):  # no mesh to read: run replicated
+                x_spec = (None,) * ndim
+            else:
+                x_spec = padded_spec(x_sharding, ndim)
+            if x_spec[-1] is not None and split_rule is None:
+                x_spec = x_spec[:-1] + (None,)
+            args = tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in operand_specs(x_spec))
+            out = NamedSharding(mesh, PartitionSpec(*x_spec[:-1], None))
+            return x_spec, args, (out, out)
+
+        def partition(mesh, arg_shapes, result_shape):
+            x_spec, args, outs = shardings_for(mesh, arg_shapes)
+            if x_spec[-1] is None:
+                fn = lambda *ops: bind_local(*ops, **params)  # noqa: E731
+            else:
+                axes = _mesh_axes(x_spec[-1])
+                fn = lambda *ops: tuple(split_rule(bind_local, ops, axes, **params))  # noqa: E731
+            return mesh, fn, outs, args
+
+        def infer(mesh, arg_shapes, result_shape):
+            return shardings_for(mesh, arg_shapes)[2]
+
+        rows = " ".join(f"r{i}" for i in range(ndim - 1))
+        n = avals_in[0].shape[-1]
+
+        def factors(role, aval):  # a shared vector as long as the row shares its factor
+            if role == SHARED:
+                return "n" if aval.shape == (n,) else " ".join(f"s{i}" for i in range(aval.ndim))
+            return f"{rows} n" if role == ELEMENTS else rows
+
+        rule = (", ".join(factors(r, a) for r, a in zip(operand_roles, avals_in))
+                + f" -> {rows} m, {rows} m")
+        call = custom_partitioning(lambda *ops: bind_local(*ops, **params))
+        call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                           need_replication_factors=("m",))
+        return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
+
+    return lowering
+
+
+def register(public: Primitive, lowering: Callable) -> None:
+    """Registers ``lowering`` for ``public`` on every platform; the partitioned
+    lowering needs the devices at lowering time."""
+    mlir.register_lowering(public, lowering)
+    _compat.requires_devices_during_lowering(public)
