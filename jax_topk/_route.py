@@ -113,8 +113,7 @@ route_local_p.multiple_results = True
 
 def _abstract_eval(logits, bias, *, k, **_):
     shape = logits.shape[:-1] + (k,)
-    sharding = _sharding.rows_sharding(logits)
-    extra = {} if sharding is None else {"sharding": sharding}
+    extra = _sharding.output_sharding(logits)
     return (logits.update(shape=shape, dtype=jnp.float32, weak_type=False, **extra),
             logits.update(shape=shape, dtype=jnp.int32, weak_type=False, **extra))
 

@@ -65,8 +65,7 @@ def make_row_primitive(
 
     def abstract_eval(x, *lengths, **params):
         shape = x.shape[:-1] + (out_len(x.shape[-1], **params),)
-        sharding = _sharding.rows_sharding(x)
-        extra = {} if sharding is None else {"sharding": sharding}
+        extra = _sharding.output_sharding(x)
         return (
             x.update(shape=shape, dtype=x.dtype, weak_type=False, **extra),
             x.update(shape=shape, dtype=jnp.int32, weak_type=False, **extra),

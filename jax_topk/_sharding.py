@@ -50,13 +50,14 @@ def padded_spec(sharding, ndim: int) -> tuple:
     return spec + (None,) * (ndim - len(spec))
 
 
-def rows_sharding(aval) -> object:
-    """``aval``'s sharding with its last axis unsharded (the abstract-eval rule
-    for the outputs, whose last axis is never sharded)."""
+def output_sharding(aval) -> dict:
+    """``aval.update`` keywords giving a result ``aval``'s sharding with the
+    last axis unsharded (the abstract-eval rule for the outputs, whose last
+    axis is never sharded); empty when ``aval`` carries no sharding."""
     sharding = getattr(aval, "sharding", None)
     if sharding is None or not hasattr(sharding, "update") or aval.ndim == 0:
-        return sharding
-    return sharding.update(spec=PartitionSpec(*padded_spec(sharding, aval.ndim)[:-1], None))
+        return {}
+    return {"sharding": sharding.update(spec=PartitionSpec(*padded_spec(sharding, aval.ndim)[:-1], None))}
 
 
 def _mesh_axes(entry) -> tuple[str, ...]:
