@@ -199,7 +199,7 @@ cudaError_t launch_rows_in_block(const U* x, U* values, int32_t* indices, int64_
   constexpr SortBlockShape kS = kSortBlockShapes[kShape];
   constexpr size_t kSmem = sizeof(typename RowBlockSort<U, kS.threads, kS.items>::TempStorage);
   auto* kernel = sort_rows_in_block_kernel<U, kS.threads, kS.items>;
-  if (kSmem > 48 * 1024) {
+  if (kSmem > 48 * 1024) {  // per launch: the attribute is per device (multi-GPU processes)
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
     if (err != cudaSuccess) return err;
   }
