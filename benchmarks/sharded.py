@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import jax
 import numpy as np
@@ -34,14 +32,9 @@ CASES = [
 ]
 
 
-def wall_us(fn, x, repeats: int) -> float:
-    jax.block_until_ready(fn(x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+def wall_us(op, x, repeats: int) -> float:
+    """Host wall clock of one jitted call of ``op`` on ``x`` (_bench.measure)."""
+    return _bench.measure(op, [x], repeats, device_clock=False).wall * 1e6
 
 
 def main() -> None:
@@ -57,7 +50,8 @@ def main() -> None:
     rows_out = []
     for rows, n, k, how in CASES:
         x = jax.random.normal(jax.random.key(0), (rows, n), jax.numpy.float32)
-        single = jax.jit(lambda a, k=k: jax_topk.top_k(a, k))
+        op = lambda a, k=k: jax_topk.top_k(a, k)  # noqa: E731
+        single = jax.jit(op)
         x1 = jax.device_put(x, devices[0])
         spec = P("d", None) if how == "rows" else P(None, "d")
         xs = jax.device_put(x, NamedSharding(mesh, spec))
@@ -65,8 +59,8 @@ def main() -> None:
         got = single(xs)
         same = (np.array_equal(np.asarray(got[1]), np.asarray(want[1]))
                 and np.array_equal(np.asarray(got[0]).view(np.uint32), np.asarray(want[0]).view(np.uint32)))
-        t1 = wall_us(single, x1, args.repeats)
-        tn = wall_us(single, xs, args.repeats)
+        t1 = wall_us(op, x1, args.repeats)
+        tn = wall_us(op, xs, args.repeats)
         row = dict(rows=rows, n=n, k=k, sharded=how, one_gpu_us=t1, sharded_us=tn, speedup=t1 / tn,
                    bit_identical=bool(same))
         rows_out.append(row)

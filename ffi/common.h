@@ -220,4 +220,31 @@ ffi::Error run_cpu_kernel(const char* op, ffi::ThreadPool& pool, const ffi::AnyB
   return ffi::Error::Success();
 }
 
+// The FFI signature every row op (top_k, sort) shares, before its attributes:
+// x [, lengths int32] -> values, indices int32 [, workspace u8 on CUDA].
+// (One expression per branch: Binding has no public move, so the chain is
+// returned as a prvalue.)
+template <typename Context, bool kLengths>
+auto row_op_binding() {
+  if constexpr (kLengths) {
+    return ffi::Ffi::Bind().Ctx<Context>().template Arg<ffi::AnyBuffer>().template Arg<ffi::Buffer<ffi::S32>>()
+        .template Ret<ffi::AnyBuffer>().template Ret<ffi::Buffer<ffi::S32>>();
+  } else {
+    return ffi::Ffi::Bind().Ctx<Context>().template Arg<ffi::AnyBuffer>()
+        .template Ret<ffi::AnyBuffer>().template Ret<ffi::Buffer<ffi::S32>>();
+  }
+}
+
+template <bool kLengths>
+auto cpu_row_op_binding() {
+  return row_op_binding<ffi::ThreadPool, kLengths>();
+}
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+template <bool kLengths>
+auto cuda_row_op_binding() {
+  return row_op_binding<ffi::PlatformStream<cudaStream_t>, kLengths>().template Ret<ffi::Buffer<ffi::U8>>();
+}
+#endif
+
 }  // namespace jax_topk::ffi_util

@@ -87,40 +87,16 @@ ffi::Error sort_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCpu, jax_topk::sort_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<bool>("descending"));
+                              jax_topk::ffi_util::cpu_row_op_binding<false>().Attr<bool>("descending"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCpu, jax_topk::sort_lengths_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<bool>("descending"));
+                              jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<bool>("descending"));
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCuda, jax_topk::sort_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<bool>("descending"),
+                              jax_topk::ffi_util::cuda_row_op_binding<false>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCuda, jax_topk::sort_lengths_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<bool>("descending"),
+                              jax_topk::ffi_util::cuda_row_op_binding<true>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -87,40 +87,16 @@ ffi::Error topk_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCpu, jax_topk::topk_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                              jax_topk::ffi_util::cpu_row_op_binding<false>().Attr<int64_t>("k"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCpu, jax_topk::topk_lengths_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                              jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<int64_t>("k"));
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCuda, jax_topk::topk_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int64_t>("k"),
+                              jax_topk::ffi_util::cuda_row_op_binding<false>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCuda, jax_topk::topk_lengths_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int64_t>("k"),
+                              jax_topk::ffi_util::cuda_row_op_binding<true>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -248,7 +248,7 @@ struct TilePass {
   uint32_t* indices_out;
   U* values;                   // the last pass: the outputs
   int32_t* indices;
-  const uint32_t* row_digit_counts;  // [chunk rows][passes][digit values]
+  const uint32_t* row_digit_counts;  // [chunk rows][sizeof(U) passes][digit values]
   uint64_t* status;                  // this pass: [tiles][digit values]
   uint64_t* next_status;             // the next pass's (zeroed here), or null
   uint32_t* tile_counter;            // this pass's; zero before the launch
@@ -256,7 +256,6 @@ struct TilePass {
   int n;
   int tiles_per_row;
   int pass;
-  int passes;
   SortKeyMap<U> map;
   RowLengths<U> lengths;
 };
@@ -305,8 +304,8 @@ JAX_TOPK_UNROLL
 //     the row) + (elements of its digit in earlier tiles) - (elements of
 //     smaller digits in the tile): consecutive j of one digit are consecutive
 //     slots, so the stores run in coalesced runs.
-// Three resident blocks per SM (80 registers): on an H200 four (64 registers,
-// a few spills) took 13% longer on 128x131072 float32.
+// Three resident blocks per SM (80 registers; ptxas still spills 8-40 bytes):
+// on an H200 four (64 registers) took 13% longer on 128x131072 float32.
 inline constexpr int kSortTileMinBlocks = 3;
 
 template <typename U, bool kFirst, bool kLast>
@@ -336,7 +335,8 @@ JAX_TOPK_UNROLL
   const int count = a.n - begin < kTile ? a.n - begin : kTile;
   if (a.next_status != nullptr) a.next_status[size_t(tile) * kSortDigitValues + tid] = 0;
   const int shift = a.pass * kSortDigitBits;
-  const int len = int(a.lengths.of_loaded(a.row0 + r, a.n));
+  // Only the first pass (padding keys) and the last (padding outputs) read it.
+  const int len = kFirst || kLast ? int(a.lengths.of_loaded(a.row0 + r, a.n)) : 0;
   const int64_t chunk_at = int64_t(r) * a.n + begin;  // the tile in the chunk's buffers
 
   U key[kItems];
@@ -385,7 +385,7 @@ JAX_TOPK_UNROLL
   }
   uint64_t* status = a.status + size_t(tile) * kSortDigitValues + tid;
   publish_status(status, (t == 0 ? kTileInclusive : kTileAggregate) | tile_count);
-  const uint32_t row_count = a.row_digit_counts[(size_t(r) * a.passes + a.pass) * kSortDigitValues + tid];
+  const uint32_t row_count = a.row_digit_counts[(size_t(r) * sizeof(U) + a.pass) * kSortDigitValues + tid];
   const uint32_t tile_start = block_exclusive_sum<kSortTileThreads>(tile_count, scan_scratch);
   const uint32_t row_start = block_exclusive_sum<kSortTileThreads>(row_count, scan_scratch);
   uint64_t earlier = 0;
@@ -532,7 +532,6 @@ cudaError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows,
       a.n = int(n);
       a.tiles_per_row = tiles_per_row;
       a.pass = pass;
-      a.passes = kPasses;
       a.map = map;
       a.lengths = lengths;
       const bool first = pass == 0, last = pass + 1 == kPasses;
