@@ -72,7 +72,7 @@ for s in "$@"; do
       # racecheck over every kernel at once outruns a call; one kernel family at a
       # time, over the cases of at most 8192 elements (racecheck instruments every
       # shared-memory access: with 65536 the threshold kernel alone outran 130 s).
-      for kernel in warp_select warp_sort threshold radix_topk_row_per_block radix_split; do
+      for kernel in warp_select warp_sort threshold cluster_topk radix_topk_row_per_block radix_split; do
         step "racecheck_$kernel" 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
           --kernel-name "kns=$kernel" "$SELFTEST" --quick --max-elements 8192
       done ;;

@@ -126,6 +126,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["warp_select_max_n"] = jax_topk::kWarpSelectMaxN;
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
+        t["cluster_min_n"] = jax_topk::kClusterMinN;
+        t["cluster_max_n"] = jax_topk::kClusterMaxN;
+        t["cluster_max_k"] = jax_topk::kClusterMaxK;
         d["topk_thresholds"] = t;
         // Row lengths at which the sort changes its warp slots, block shape or regime.
         nb::list sort_n;

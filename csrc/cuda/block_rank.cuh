@@ -77,18 +77,21 @@ JAX_TOPK_UNROLL
   __syncthreads();  // read before anyone writes them again
 }
 
-// Calls emit(value, pos) for every value of a[0:c), pos = its rank from the
-// top (0 = largest). a: c distinct values, written and followed by a barrier.
-// spill: room for c values (the bucket spans); bins: kRankBuckets u32.
-// Returns false, having emitted nothing, when a bucket is too full (the
-// caller then sorts); every thread gets the same answer. Ends with a barrier.
+// Calls emit(value, pos) for every value a[i], first <= i < last, of the c
+// values a[0:c); pos = its rank from the top among all c (0 = largest). a: c
+// distinct values, written and followed by a barrier. Several blocks holding
+// the same a[] may split [0, c) between them (the cluster kernel): each
+// ranks its slice against all c. spill: room for c values (the bucket
+// spans); bins: kRankBuckets u32. Returns false, having emitted nothing, when
+// a bucket is too full (the caller then sorts); every thread gets the same
+// answer. Ends with a barrier.
 template <int kThreads, typename Emit>
-__device__ bool block_rank_desc(const uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
-                                BlockRankShared<kThreads>& rs, Emit&& emit) {
+__device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, uint64_t* spill,
+                                uint32_t* bins, BlockRankShared<kThreads>& rs, Emit&& emit) {
   const int tid = int(threadIdx.x);
   if (c <= kRankByCountingMaxC) {
-    if (tid < c) {
-      const uint64_t mine = a[tid];
+    for (int i = first + tid; i < last; i += kThreads) {
+      const uint64_t mine = a[i];
       int rank = 0;
 #pragma unroll 8
       for (int j = 0; j < c; ++j) rank += a[j] > mine ? 1 : 0;
@@ -137,7 +140,7 @@ JAX_TOPK_UNROLL
     spill[atomicAdd(&bins[rank_bucket(e, lo, shift)], 1u)] = e;
   }
   __syncthreads();
-  for (int i = tid; i < c; i += kThreads) {
+  for (int i = first + tid; i < last; i += kThreads) {
     const uint64_t e = a[i];
     const uint32_t b = rank_bucket(e, lo, shift);
     const int begin = b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0;

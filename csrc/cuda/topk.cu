@@ -8,9 +8,11 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 
 #include "cuda/primitives.cuh"
 #include "cuda/scratch.h"
+#include "cuda/topk_cluster.cuh"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_radix.cuh"
 #include "cuda/topk_threshold.cuh"
@@ -25,19 +27,22 @@ struct DeviceInfo {
   int device = 0;
   int sm_count = 1;
   int64_t l2_bytes = 0;
+  bool clusters = false;  // thread-block clusters (compute capability 9.0 and newer)
 };
 
 // Device properties do not change while the process runs. They are read once
 // per device: every custom call asks for them (to plan its workspace and its
 // launch), and host work on that path delays each launch.
 cudaError_t read_device(int device, DeviceInfo* info) {
-  int sms = 0, l2 = 0;
+  int sms = 0, l2 = 0, major = 0;
   cudaError_t err;
   if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
   if ((err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device)) != cudaSuccess) return err;
+  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) return err;
   info->device = device;
   info->sm_count = sms > 0 ? sms : 1;
   info->l2_bytes = l2;
+  info->clusters = major >= 9;
   return cudaSuccess;
 }
 
@@ -97,13 +102,25 @@ cudaError_t cub_sort_temp_bytes(int64_t rows, int64_t k, size_t* bytes) {
       int(rows), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr) + 1, 0, end_bit);
 }
 
+// The dispatcher's regime, or `forced` where that one holds the problem.
 template <typename U>
-cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev, Plan* plan) {
+TopkRegime regime_for(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
+                      std::optional<TopkRegime> forced) {
+  const TopkRegime chosen = choose_topk_regime(rows, n, k, int(sizeof(U)), dev.sm_count, dev.clusters);
+  if (!forced || chosen == TopkRegime::kEmpty) return chosen;
+  return topk_regime_holds(*forced, n, k, int(sizeof(U)), dev.clusters) ? *forced : TopkRegime::kEmpty;
+}
+
+template <typename U>
+cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
+                      std::optional<TopkRegime> forced, Plan* plan) {
   using P = typename RadixPacked<U>::type;
   Plan p;
-  p.regime = choose_topk_regime(rows, n, k, int(sizeof(U)), dev.sm_count);
+  p.regime = regime_for<U>(rows, n, k, dev, forced);
+  if (forced && p.regime == TopkRegime::kEmpty && rows > 0 && k > 0) return cudaErrorInvalidValue;
   if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
-      p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock) {
+      p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock ||
+      p.regime == TopkRegime::kClusterRows) {
     *plan = p;
     return cudaSuccess;
   }
@@ -405,6 +422,36 @@ cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U*
   }
 }
 
+// kClusterRows: a cluster of cluster_blocks_per_row(n) blocks per row.
+template <typename U>
+cudaError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
+                                int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
+                                RowLengths<U> lengths, cudaStream_t stream) {
+  if constexpr (sizeof(U) <= 4) {
+    const int blocks = cluster_blocks_per_row(n);
+    if (rows * blocks > INT_MAX) return cudaErrorInvalidValue;
+    auto kernel = cluster_topk_rows_kernel<U>;
+    const size_t smem = cluster_smem_bytes<U>(cluster_chunk<U>(n, blocks), k);
+    cudaError_t err = allow_dynamic_smem(dev, kernel, smem);
+    if (err != cudaSuccess) return err;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = unsigned(blocks);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(rows * blocks));
+    config.blockDim = dim3(kClusterThreads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, x, n, k, codec, lengths, values, indices);
+  } else {
+    return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
+  }
+}
+
 template <typename U>
 cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                    int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
@@ -445,12 +492,12 @@ cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, cons
 template <typename U>
 cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* values,
                      int32_t* indices, int64_t rows, int64_t n, int64_t k, void* scratch,
-                     size_t scratch_bytes, cudaStream_t stream) {
+                     size_t scratch_bytes, cudaStream_t stream, std::optional<TopkRegime> forced) {
   DeviceInfo dev;
   cudaError_t err = query_device(&dev);
   if (err != cudaSuccess) return err;
   Plan plan;
-  if ((err = make_plan<U>(rows, n, k, dev, &plan)) != cudaSuccess) return err;
+  if ((err = make_plan<U>(rows, n, k, dev, forced, &plan)) != cudaSuccess) return err;
   if (plan.total_bytes > scratch_bytes || (plan.total_bytes > 0 && scratch == nullptr)) {
     return cudaErrorInvalidValue;
   }
@@ -480,6 +527,8 @@ cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* va
     case TopkRegime::kThresholdRowPerBlock:
       return launch_threshold_row_per_block<U>(dev, x, values, indices, rows, n, k, codec, lengths,
                                                stream);
+    case TopkRegime::kClusterRows:
+      return launch_cluster_rows<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
     case TopkRegime::kRadixSplitRow:
       err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, lengths,
                                       scratch, stream);
@@ -494,9 +543,8 @@ bool valid_problem(int64_t rows, int64_t n, int64_t k) {
   return rows >= 0 && n >= 0 && k >= 0 && k <= n && n <= int64_t(INT32_MAX);
 }
 
-}  // namespace
-
-size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k) {
+size_t scratch_bytes_in(DType dtype, int64_t rows, int64_t n, int64_t k,
+                        std::optional<TopkRegime> forced) {
   if (!valid_problem(rows, n, k)) return 0;
   DeviceInfo dev;
   if (query_device(&dev) != cudaSuccess) return 0;
@@ -504,14 +552,15 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k) {
   visit_dtype(dtype, [&](auto traits) {
     using U = typename decltype(traits)::Bits;
     Plan plan;
-    if (make_plan<U>(rows, n, k, dev, &plan) == cudaSuccess) bytes = plan.total_bytes;
+    if (make_plan<U>(rows, n, k, dev, forced, &plan) == cudaSuccess) bytes = plan.total_bytes;
   });
   return bytes;
 }
 
-cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
-                      int64_t n, int64_t k, const int32_t* lengths, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream) {
+cudaError_t topk_rows_in(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+                         int64_t n, int64_t k, const int32_t* lengths, void* scratch,
+                         size_t scratch_bytes, cudaStream_t stream,
+                         std::optional<TopkRegime> forced) {
   if (!valid_problem(rows, n, k)) return cudaErrorInvalidValue;
   if (rows == 0 || k == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // stays so for a dtype outside the table
@@ -520,9 +569,33 @@ cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices
     using U = typename Traits::Bits;
     err = run_topk<U>(make_key_codec<Traits::kKeyKind, U>(), RowLengths<U>{lengths, Traits::kLowestBits},
                       static_cast<const U*>(x), static_cast<U*>(values), indices, rows, n, k,
-                      scratch, scratch_bytes, stream);
+                      scratch, scratch_bytes, stream, forced);
   });
   return err;
+}
+
+}  // namespace
+
+size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k) {
+  return scratch_bytes_in(dtype, rows, n, k, std::nullopt);
+}
+
+size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k, TopkRegime regime) {
+  return scratch_bytes_in(dtype, rows, n, k, regime);
+}
+
+cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+                      int64_t n, int64_t k, const int32_t* lengths, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream) {
+  return topk_rows_in(dtype, x, values, indices, rows, n, k, lengths, scratch, scratch_bytes, stream,
+                      std::nullopt);
+}
+
+cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+                      int64_t n, int64_t k, const int32_t* lengths, void* scratch,
+                      size_t scratch_bytes, cudaStream_t stream, TopkRegime regime) {
+  return topk_rows_in(dtype, x, values, indices, rows, n, k, lengths, scratch, scratch_bytes, stream,
+                      regime);
 }
 
 #if defined(JAX_TOPK_PHASE_TIMING)

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "jax_topk/dtypes.h"
+#include "jax_topk/topk_dispatch.h"
 
 namespace jax_topk::cuda {
 
@@ -32,6 +33,15 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k);
 cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
                       int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
                       void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+// The same in a given regime instead of the dispatcher's (benchmarks and
+// tests compare regimes): cudaErrorInvalidValue / 0 bytes where the regime
+// does not hold the problem (topk_regime_holds).
+size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k, TopkRegime regime);
+cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
+                      int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
+                      void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                      TopkRegime regime);
 
 #if defined(JAX_TOPK_PHASE_TIMING)
 // Builds with phase timing only: copies the per-phase clock-cycle counters of

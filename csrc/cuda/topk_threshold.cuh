@@ -300,7 +300,7 @@ JAX_TOPK_UNROLL
       // only in a row shorter than k, whose slots [c, k) are padding.
       U* values_row = values + row * k;
       int32_t* indices_row = indices + row * k;
-      const bool ranked = block_rank_desc<kRadixThreads>(a, c, a + kG, hist, rank_shared, [&](P e, int pos) {
+      const bool ranked = block_rank_desc<kRadixThreads>(a, c, 0, c, a + kG, hist, rank_shared, [&](P e, int pos) {
         if (pos < k) write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos);
       });
       if (ranked) {

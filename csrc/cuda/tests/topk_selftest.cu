@@ -10,7 +10,10 @@
 //        ./topk_selftest --quick    a smaller suite
 //        ./topk_selftest --big      also rows*n > 2^31 (uint8, slow oracle)
 //        ./topk_selftest --bench    timings of the benchmark grid (float32; --only 1024x8192
-//                                   keeps the shapes whose "RxN kK" contains it)
+//                                   keeps the shapes whose "RxN kK" contains it;
+//                                   --regimes also times every other regime that
+//                                   holds the shape; the ragged batch of the sort
+//                                   issue is timed last)
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
@@ -70,6 +73,8 @@ namespace {
   } while (0)
 
 int g_sm_count = 0;
+bool g_has_clusters = false;  // compute capability 9.0+: the cluster regime exists
+bool g_compare_regimes = false;  // --bench --regimes: also time the other regimes
 double g_clock_khz = 1.0;  // SM clock (phase timing)
 size_t g_l2_bytes = 0;
 int g_passed = 0;
@@ -292,6 +297,19 @@ SortRegime sort_regime_for(int64_t rows, int64_t n) {
   return choose_sort_regime(rows, n);
 }
 
+// Top-k cases run in this regime when set and it holds the problem (the
+// cluster suite's shapes the dispatcher sends elsewhere), else in the
+// dispatcher's.
+std::optional<TopkRegime> g_topk_regime;
+
+std::optional<TopkRegime> forced_topk_regime(int64_t rows, int64_t n, int64_t k, int elem_bytes) {
+  if (g_topk_regime && rows > 0 && k > 0 &&
+      topk_regime_holds(*g_topk_regime, n, k, elem_bytes, g_has_clusters)) {
+    return g_topk_regime;
+  }
+  return std::nullopt;
+}
+
 // Runs one case; returns true when it passed.
 template <typename Traits>
 bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern pattern, bool misaligned,
@@ -302,8 +320,12 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
   const int64_t lengths_k = k;  // sorts: the k of the case still shapes its mixed lengths
   if (sort) k = n;              // every element is output
   const SortRegime sort_regime = sort_regime_for(rows, n);
-  const char* regime = sort ? sort_regime_name(sort_regime)
-                            : topk_regime_name(choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count));
+  const std::optional<TopkRegime> topk_forced = forced_topk_regime(rows, n, k, int(sizeof(U)));
+  const char* regime =
+      sort ? sort_regime_name(sort_regime)
+           : topk_regime_name(topk_forced ? *topk_forced
+                                          : choose_topk_regime(rows, n, k, int(sizeof(U)), g_sm_count,
+                                                               g_has_clusters));
   char label[320];
   std::snprintf(label, sizeof label,
                 "%s dtype=%s rows=%lld n=%lld k=%lld pattern=%s%s%s salt=%lld regime=%s", op_name(op),
@@ -340,7 +362,8 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
     CHECK_CUDA(cudaMemcpy(d_lengths, lengths, size_t(rows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
   const size_t scratch_bytes = sort ? jax_topk::cuda::sort_scratch_bytes(d, rows, n, sort_regime)
-                                    : jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
+                               : topk_forced ? jax_topk::cuda::topk_scratch_bytes(d, rows, n, k, *topk_forced)
+                                             : jax_topk::cuda::topk_scratch_bytes(d, rows, n, k);
   if (scratch_bytes > 0) CHECK_CUDA(cudaMalloc(&d_scratch, scratch_bytes));
 
   bool ok = true;
@@ -355,8 +378,10 @@ bool run_case(Op op, DType d, int64_t rows, int64_t n, int64_t k, Pattern patter
     cudaError_t err =
         sort ? jax_topk::cuda::sort_rows(d, d_x, d_v, d_i, rows, n, op == Op::kSortDescending, d_lengths,
                                          d_scratch, scratch_bytes, /*stream=*/0, sort_regime)
-             : jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
-                                         scratch_bytes, /*stream=*/0);
+             : topk_forced ? jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
+                                                       scratch_bytes, /*stream=*/0, *topk_forced)
+                           : jax_topk::cuda::topk_rows(d, d_x, d_v, d_i, rows, n, k, d_lengths, d_scratch,
+                                                       scratch_bytes, /*stream=*/0);
     if (err == cudaSuccess) err = cudaDeviceSynchronize();
     if (err != cudaSuccess) {
       std::printf("FAIL %s: the kernel returned %s\n", label, cudaGetErrorString(err));
@@ -629,7 +654,8 @@ void run_suite(bool quick, bool big) {
   // slot boundaries (threshold_slots), kThresholdMaxK, the radix fallback
   // (n = 513, k = 128: too few groups, every element is a candidate; 8-bit
   // all-equal rows at large k), and few long rows up to
-  // kThresholdFewRowsMaxRowBytes (131072 f32) and just past it (split row).
+  // kThresholdFewRowsMaxRowBytes (131072 f32) and just past it (split row);
+  // with clusters, up to kClusterMaxRows of them go to the cluster kernel.
   for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
     for (int64_t n : {int64_t(513), int64_t(8192), int64_t(65536)}) {
       for (int64_t k : {int64_t(32), int64_t(33), int64_t(64), int64_t(65), int64_t(128),
@@ -653,9 +679,9 @@ void run_suite(bool quick, bool big) {
     run_one(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
     run_lengths(d, 2 * sm + 3, 8192, 64, Pattern::kGaussian);
     if (!quick) run_lengths(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
-    // Few long rows on one threshold block each need rows >= sm / divisor.
-    const int64_t few_threshold_rows =
-        (sm + kThresholdFewRowsMinSmDivisor - 1) / kThresholdFewRowsMinSmDivisor;
+    // Few long rows on one threshold block each: more than the cluster
+    // kernel takes.
+    const int64_t few_threshold_rows = kClusterMaxRows + 1;
     for (int64_t n : {int64_t(131072), int64_t(131073)}) {
       for (int64_t k : {int64_t(50), int64_t(1024), int64_t(2048)}) {
         run_one(d, 1, n, k, Pattern::kGaussian);
@@ -668,14 +694,55 @@ void run_suite(bool quick, bool big) {
     }
   }
 
-  // Radix, rows split over blocks (few rows, long rows).
+  // Cluster rows (sm_90+): the regime forced onto every cluster size (n
+  // around multiples of kClusterMinChunk up to kClusterMaxN), chunks shorter
+  // than a vector, k boundaries, ties across blocks (all-equal and few-value
+  // rows: the k-th key's ties go by index over the blocks); then shapes the
+  // dispatcher sends there (few rows, a ragged batch).
+  if (g_has_clusters || g_dry_run) {
+    const std::vector<int64_t> cluster_ns =
+        quick ? std::vector<int64_t>{17, 1025, 5000, kClusterMaxN}
+              : std::vector<int64_t>{1, 2, 17, 1000, 1025, 2049, 3000, 5000, 7169, 8192, 65536,
+                                     kClusterMaxN - 1, kClusterMaxN};
+    const std::vector<int64_t> cluster_ks =
+        quick ? std::vector<int64_t>{1, 257, kClusterMaxK}
+              : std::vector<int64_t>{1, 2, 33, 256, 257, 1000, kClusterMaxK - 1, kClusterMaxK};
+    for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
+      g_topk_regime = TopkRegime::kClusterRows;
+      for (int64_t n : cluster_ns) {
+        for (int64_t k : cluster_ks) {
+          if (k > n) continue;
+          const int64_t rows = n > 10000 ? 2 : 5;
+          run_one(d, rows, n, k, Pattern::kGaussian);
+          run_one(d, rows, n, k, Pattern::kAllEqual);
+          run_one(d, rows, n, k, Pattern::kFewValues, /*misaligned=*/true);
+          run_lengths(d, 13, n, k, Pattern::kGaussian);
+          if (!quick) {
+            run_one(d, rows, n, k, Pattern::kSpecials);
+            run_one(d, rows, n, k, Pattern::kAscending);
+            run_one(d, rows, n, k, Pattern::kDescending, /*misaligned=*/true);
+            run_one(d, rows, n, k, Pattern::kRandomBits);
+            run_lengths(d, 13, n, k, Pattern::kFewValues);
+            run_lengths(d, 13, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+          }
+        }
+      }
+      run_one(d, 2 * sm + 1, 3000, 100, Pattern::kGaussian);  // more clusters than fit at once
+      g_topk_regime.reset();
+      run_one(d, sm - 1, 8192, 512, Pattern::kGaussian);
+      run_lengths(d, 31, 8000, 512, Pattern::kGaussian);
+      run_one(d, 3, kClusterMaxN, kClusterMaxK, Pattern::kFewValues);
+    }
+  }
+
+  // Radix, rows split over blocks (few rows, long rows), forced: the
+  // dispatcher sends rows of up to 512 KB with k <= kThresholdMaxK to the
+  // threshold and cluster kernels.
+  g_topk_regime = TopkRegime::kRadixSplitRow;
   const std::vector<int64_t> split_ns = quick ? std::vector<int64_t>{16384, 131075}
                                               : std::vector<int64_t>{16384, 16385, 65539, 300007};
-  // Lengths cases: as many rows as keep the split path (below sm / divisor
-  // rows, else few long rows go to the threshold kernel), at most one per
-  // kind of length.
-  const int64_t split_rows = std::clamp<int64_t>((sm - 1) / kThresholdFewRowsMinSmDivisor, 1,
-                                                 kMixedLengthKinds);
+  // Lengths cases: at most one row per kind of length.
+  const int64_t split_rows = std::min<int64_t>(sm - 1, kMixedLengthKinds);
   for (DType d : kMainDtypes) {
     for (int64_t n : split_ns) {
       for (int64_t k : {int64_t(1), int64_t(16), int64_t(33), int64_t(2048), int64_t(4096),
@@ -702,6 +769,7 @@ void run_suite(bool quick, bool big) {
     run_lengths(d, sm - 1, 16385, 100, Pattern::kGaussian);
     if (!quick) run_one(d, sm - 1, 16385, 5000, Pattern::kFewValues);
   }
+  g_topk_regime.reset();
 
   // A single row of 2^20 (and one just past it).
   for (DType d : kMainDtypes) {
@@ -796,17 +864,88 @@ std::vector<float*> normal_inputs(size_t elems, size_t max_copies, std::mt19937_
   return copies;
 }
 
+#if defined(JAX_TOPK_PHASE_TIMING)
+// Block time per row and phase of 5 warm-up + 30 timed launches (summed over
+// the blocks of a row where several share it).
+void print_phases(const unsigned long long* cycles, int64_t rows) {
+  std::printf("    phases (block us per row):");
+  for (int i = 0; i < jax_topk::cuda::kPhaseTimerSlots; ++i) {
+    if (cycles[i] == 0) continue;
+    std::printf(" %d:%.2f", i, double(cycles[i]) / (35.0 * double(rows)) / (g_clock_khz * 1e-3));
+  }
+  std::printf("\n");
+}
+#endif
+
+// The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
+// padded to 8000, k = 512, one call with lengths; in every regime that holds.
+void run_ragged_bench() {
+  constexpr int64_t kRows = 31, kN = 8000, kK = 512;
+  std::mt19937_64 rng(3);
+  std::uniform_int_distribution<int32_t> length(2000, 8000);
+  std::vector<int32_t> host_lengths(kRows);
+  for (int32_t& l : host_lengths) l = length(rng);
+  const std::vector<float*> inputs = normal_inputs(size_t(kRows * kN), 64, rng);
+  const int nbuf = int(inputs.size());
+  float* values = nullptr;
+  int32_t* indices = nullptr;
+  int32_t* lengths = nullptr;
+  CHECK_CUDA(cudaMalloc(&values, size_t(kRows * kK) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&indices, size_t(kRows * kK) * sizeof(int32_t)));
+  CHECK_CUDA(cudaMalloc(&lengths, size_t(kRows) * sizeof(int32_t)));
+  CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
+  const TopkRegime dispatched = choose_topk_regime(kRows, kN, kK, 4, g_sm_count, g_has_clusters);
+  std::vector<TopkRegime> regimes = {dispatched};
+  for (TopkRegime r : {TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow}) {
+    if (g_compare_regimes && r != dispatched) regimes.push_back(r);
+  }
+  for (TopkRegime r : regimes) {
+    if (!topk_regime_holds(r, kN, kK, 4, g_has_clusters)) continue;
+    const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, kK, r);
+    void* scratch = nullptr;
+    if (bytes) CHECK_CUDA(cudaMalloc(&scratch, bytes));
+    auto launch = [&](int i) {
+      CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, kRows,
+                                           kN, kK, lengths, scratch, bytes, 0, r));
+    };
+#if defined(JAX_TOPK_PHASE_TIMING)
+    unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
+    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
+#endif
+    std::printf("%-22s %-20s %10.1f%s\n", "ragged 31x8000 k512", topk_regime_name(r),
+                median_launch_us(launch, 5, 30), r == dispatched ? "  (dispatched)" : "");
+#if defined(JAX_TOPK_PHASE_TIMING)
+    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));
+    print_phases(cycles, kRows);
+#endif
+    if (scratch) CHECK_CUDA(cudaFree(scratch));
+  }
+  for (float* p : inputs) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(values));
+  CHECK_CUDA(cudaFree(indices));
+  CHECK_CUDA(cudaFree(lengths));
+}
+
 void run_bench(const std::string& only) {
   const double bw = measure_copy_bandwidth();
   std::printf("copy bandwidth (read+write) %.2f TB/s, L2 %.1f MB, %d SMs\n", bw * 1e-12,
               double(g_l2_bytes) / 1e6, g_sm_count);
-  const std::vector<BenchShape> shapes = {
+  std::vector<BenchShape> shapes = {
       {16384, 64, 2, 0},      {16384, 128, 8, 0},    {16384, 256, 8, 205}, {16384, 384, 6, 320},
       {4096, 64, 16, 0},      {4096, 256, 16, 0},    {4096, 1024, 16, 0},  {4096, 2048, 16, 182},
       {4096, 256, 32, 0},     {4096, 2048, 32, 0},   {8192, 1024, 16, 251}, {1024, 8192, 64, 0},
       {1024, 8192, 256, 164}, {128, 131072, 50, 0},  {128, 131072, 1024, 272},
       {64, 65536, 2048, 0},   {2048, 65536, 2048, 1712}, {1, 131072, 2048, 0},
       {1, 1048576, 16, 0},    {1, 1048576, 2048, 0}};
+  if (g_compare_regimes) {
+    // Few rows, where the cluster, threshold and split-row regimes cross.
+    for (int64_t rows : {4, 16, 32}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 2048}, {131072, 64}, {65536, 2048},
+                                 {32768, 512}, {16384, 512}}) {
+        shapes.push_back({rows, n, k, 0});
+      }
+    }
+  }
   // len_us: the same call with a lengths array of n per row (the lengths
   // path doing the whole-row work: its overhead).
   std::printf("%-22s %-20s %10s %10s %10s %8s %12s\n", "shape (f32)", "regime", "us", "len_us",
@@ -843,6 +982,25 @@ void run_bench(const std::string& only) {
       };
       return median_launch_us(launch, 5, 30);
     };
+    // The other regimes that hold the shape (where the thresholds lie).
+    const TopkRegime dispatched = choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count, g_has_clusters);
+    auto time_other_regimes = [&](double floor_us) {
+      for (TopkRegime r : {TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows,
+                           TopkRegime::kRadixSplitRow}) {
+        if (r == dispatched || !topk_regime_holds(r, s.n, s.k, 4, g_has_clusters)) continue;
+        const size_t bytes_r = jax_topk::cuda::topk_scratch_bytes(DType::float32, s.rows, s.n, s.k, r);
+        void* scratch_r = nullptr;
+        if (bytes_r) CHECK_CUDA(cudaMalloc(&scratch_r, bytes_r));
+        auto launch = [&](int i) {
+          CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices,
+                                               s.rows, s.n, s.k, nullptr, scratch_r, bytes_r, 0, r));
+        };
+        const double t = median_launch_us(launch, 5, 30);
+        std::printf("%-22s %-20s %10.1f %10s %10.1f %8.2f\n", "", topk_regime_name(r), t, "", floor_us,
+                    floor_us / t);
+        if (scratch_r) CHECK_CUDA(cudaFree(scratch_r));
+      }
+    };
 #if defined(JAX_TOPK_PHASE_TIMING)
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
@@ -855,17 +1013,11 @@ void run_bench(const std::string& only) {
     const double floor_us = (double(bytes) + double(s.rows * s.k) * 8.0) / bw * 1e6;
     char torch[32] = "-";
     if (s.torch_h200_us > 0) std::snprintf(torch, sizeof torch, "%.0f", s.torch_h200_us);
-    std::printf("%-22s %-20s %10.1f %10.1f %10.1f %8.2f %12s\n", shape,
-                topk_regime_name(choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count)), t, t_len,
-                floor_us, floor_us / t, torch);
+    std::printf("%-22s %-20s %10.1f %10.1f %10.1f %8.2f %12s\n", shape, topk_regime_name(dispatched), t,
+                t_len, floor_us, floor_us / t, torch);
+    if (g_compare_regimes) time_other_regimes(floor_us);
 #if defined(JAX_TOPK_PHASE_TIMING)
-    // Block time per row and phase (5 warm-up + 30 timed launches).
-    std::printf("    phases (block us per row):");
-    for (int i = 0; i < jax_topk::cuda::kPhaseTimerSlots; ++i) {
-      if (cycles[i] == 0) continue;
-      std::printf(" %d:%.2f", i, double(cycles[i]) / (35.0 * double(s.rows)) / (g_clock_khz * 1e-3));
-    }
-    std::printf("\n");
+    print_phases(cycles, s.rows);
 #endif
     for (float* p : inputs) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaFree(values));
@@ -873,6 +1025,7 @@ void run_bench(const std::string& only) {
     CHECK_CUDA(cudaFree(whole_lengths));
     if (scratch) CHECK_CUDA(cudaFree(scratch));
   }
+  if (only.empty() || only == "ragged") run_ragged_bench();
 }
 
 // The sort suite: every dtype the CUDA sort takes, both directions, row
@@ -986,10 +1139,11 @@ int main(int argc, char** argv) {
     else if (a == "--dry-run") dry = true;
     else if (a == "--lengths") g_lengths_only = true;
     else if (a == "--sort") sort = true;
+    else if (a == "--regimes") g_compare_regimes = true;
     else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE] [--regimes]\n",
                    argv[0]);
       return 2;
     }
@@ -997,6 +1151,7 @@ int main(int argc, char** argv) {
   if (dry) {  // what the suite would run, on a 132-SM device
     g_dry_run = true;
     g_sm_count = 132;
+    g_has_clusters = true;
     sort ? run_sort_suite(quick, big) : run_suite(quick, big);
     std::printf("%lld cases, %.1f M elements\n", (long long)g_dry_cases, double(g_dry_elements) / 1e6);
     return 0;
@@ -1006,6 +1161,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   g_sm_count = prop.multiProcessorCount;
+  g_has_clusters = prop.major >= 9;
   {
     int khz = 0;
     CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));

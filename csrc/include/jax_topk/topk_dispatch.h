@@ -24,6 +24,8 @@ enum class TopkRegime : int {
   kRadixSplitRow = 4,    // radix select, several blocks per row, one launch per pass
   kThresholdRowPerBlock = 5,  // one block per row: group-maxima threshold, one
                               // compaction read, sort of the ~k..2k candidates
+  kClusterRows = 6,      // sm_90+: a cluster of blocks per row, the row read once
+                         // into their shared memory, exact radix select over DSMEM
 };
 
 inline const char* topk_regime_name(TopkRegime r) {
@@ -34,6 +36,7 @@ inline const char* topk_regime_name(TopkRegime r) {
     case TopkRegime::kRadixRowPerBlock: return "radix_row_per_block";
     case TopkRegime::kRadixSplitRow: return "radix_split_row";
     case TopkRegime::kThresholdRowPerBlock: return "threshold_row_per_block";
+    case TopkRegime::kClusterRows: return "cluster_rows";
   }
   return "?";
 }
@@ -75,17 +78,48 @@ inline constexpr int64_t kRadixSplitBlocksPerSm = 2;
 // shared memory).
 inline constexpr int64_t kThresholdMaxK = 2048;
 // With fewer rows than SMs, a row is still given to ONE threshold block (two
-// reads of the row by one block, ~45 GB/s each, plus the candidate sort)
-// while the row is at most this many bytes: 512 KB reads in ~12 us + ~6 us
-// from L2, well under the split-row kernel's 8 launches and 5-6 reads.
-// Longer rows (1 x 2^20) stay on the split-row kernel, whose parallelism
-// across blocks wins there.
+// reads of the row by one block plus the candidate rank) while the row is at
+// most this many bytes. On an H200 (benchmarks/results/NOTES.md, fifth
+// session) it beat the split-row kernel at every row count from 1 to 32 at
+// 131072 float32 (1 row, k = 2048: 53 vs 58 us; 16 rows: 58 vs 81) and at
+// 64-128 rows. Longer rows (1 x 2^20) stay on the split-row kernel, whose
+// parallelism across blocks wins there.
 inline constexpr int64_t kThresholdFewRowsMaxRowBytes = int64_t(512) * 1024;
-// ... and only while the rows occupy a fair part of the chip: on an H200 one
-// block per row beat the split-row kernel at 64 rows (64x65536 k2048: 93.7 vs
-// 163.5 us; 128x131072 k1024: 84 vs 233) but lost at 1 row (1x131072 k2048:
-// 106 vs 71). The crossover between 1 and 64 rows is not measured yet.
-inline constexpr int64_t kThresholdFewRowsMinSmDivisor = 4;  // rows >= sm_count / 4
+
+// Cluster kernel (kClusterRows; keys of at most 32 bits, devices with
+// thread-block clusters): at most the portable cluster size of blocks per
+// row, each holding at most kClusterMaxChunk elements in shared memory (64 KB
+// of float32), so rows up to 131072 elements.
+inline constexpr int kClusterMaxBlocks = 8;
+inline constexpr int64_t kClusterMaxChunk = 16384;
+inline constexpr int64_t kClusterMaxN = kClusterMaxBlocks * kClusterMaxChunk;
+// Largest k: every block holds all k candidates (and their rank's spans).
+inline constexpr int64_t kClusterMaxK = 2048;
+// Elements per block the cluster size aims at: fewer blocks per row when the
+// row is short (each block's fixed cost: the barriers of every pass).
+inline constexpr int64_t kClusterMinChunk = 1024;
+// Where the cluster kernel is dispatched: few rows (up to kClusterMaxRows)
+// of at least kClusterMinN elements. Measured on an H200 against the
+// threshold kernel (benchmarks/results/NOTES.md, sixth session): 1-16 rows of
+// 131072 float32 in 24-36 us against 38-58 (k = 64, 2048); even at 32 rows;
+// behind from 64 rows on (64x65536 k2048: 66 vs 40 us) and on rows of 16384
+// (k = 512: 19-33 vs 18-19 us). Each block's fixed cost (a cluster barrier
+// and ~1 us of serial work per select pass) is what the many-row and
+// short-row shapes cannot amortise.
+inline constexpr int64_t kClusterMaxRows = 16;
+inline constexpr int64_t kClusterMinN = 32768;
+
+// Blocks per row in kClusterRows: enough to hold the row, and about one per
+// kClusterMinChunk elements up to kClusterMaxBlocks.
+constexpr int cluster_blocks_per_row(int64_t n) {
+  int64_t b = (n + kClusterMinChunk - 1) / kClusterMinChunk;
+  if (b > kClusterMaxBlocks) b = kClusterMaxBlocks;
+  return b < 1 ? 1 : int(b);
+}
+
+constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_clusters) {
+  return has_clusters && elem_bytes <= 4 && k <= kClusterMaxK && n <= kClusterMaxN;
+}
 
 // Number of lanes (4, 8, 16 or 32) that cooperate on one row in the warp-sort
 // kernel: about kTinyRowsElemsPerLane elements per lane for short rows.
@@ -95,23 +129,46 @@ constexpr int warp_sort_lanes_per_row(int64_t n) {
   return lanes;
 }
 
-constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k,
-                                        int elem_bytes, int sm_count) {
+constexpr bool warp_sort_fits(int64_t n, int64_t k, int elem_bytes) {
+  return elem_bytes <= 4 && k <= kWarpSortMaxK && n <= kWarpSortMaxN;
+}
+
+// has_clusters: the device launches thread-block clusters (sm_90 and newer).
+constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int elem_bytes,
+                                        int sm_count, bool has_clusters) {
   if (rows <= 0 || k <= 0) return TopkRegime::kEmpty;
-  const bool warp_sort_fits = elem_bytes <= 4 && k <= kWarpSortMaxK && n <= kWarpSortMaxN;
   const bool warp_sort_fills = n <= kWarpSortAlwaysN || rows >= kWarpSortMinRowsPerSm * sm_count;
-  if (warp_sort_fits && warp_sort_fills) {
+  if (warp_sort_fits(n, k, elem_bytes) && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
   }
   const bool threshold_fits = elem_bytes <= 4 && k <= kThresholdMaxK;
   if (rows >= kRadixRowsPerSmForRowPerBlock * sm_count || n < kRadixSplitMinN) {
     return threshold_fits ? TopkRegime::kThresholdRowPerBlock : TopkRegime::kRadixRowPerBlock;
   }
-  if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes &&
-      rows * kThresholdFewRowsMinSmDivisor >= sm_count) {
+  // Fewer rows than SMs, rows of at least kRadixSplitMinN.
+  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && rows <= kClusterMaxRows && n >= kClusterMinN) {
+    return TopkRegime::kClusterRows;
+  }
+  if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes) {
     return TopkRegime::kThresholdRowPerBlock;
   }
   return TopkRegime::kRadixSplitRow;
+}
+
+// Whether `regime` handles the problem (the benchmarks and tests force
+// regimes; every problem has kRadixRowPerBlock and kRadixSplitRow).
+constexpr bool topk_regime_holds(TopkRegime regime, int64_t n, int64_t k, int elem_bytes,
+                                 bool has_clusters) {
+  switch (regime) {
+    case TopkRegime::kEmpty: return false;
+    case TopkRegime::kTinyRows:
+    case TopkRegime::kSmallK: return warp_sort_fits(n, k, elem_bytes);
+    case TopkRegime::kRadixRowPerBlock:
+    case TopkRegime::kRadixSplitRow: return true;
+    case TopkRegime::kThresholdRowPerBlock: return elem_bytes <= 4 && k <= kThresholdMaxK;
+    case TopkRegime::kClusterRows: return cluster_rows_fit(n, k, elem_bytes, has_clusters);
+  }
+  return false;
 }
 
 // Blocks cooperating on one row in kRadixSplitRow: enough blocks in all to

@@ -1,0 +1,364 @@
+// Cluster top-k (regime kClusterRows, sm_90 and newer): one thread-block
+// cluster of C <= 8 blocks per row. The row is read from global memory ONCE:
+// block b of the cluster keeps elements [b * chunk, (b + 1) * chunk) as
+// ordered keys in its shared memory, and everything after the read works on
+// shared memory and on the other blocks' shared memory (DSMEM):
+//
+// 1. Exact radix select of the k-th largest KEY, 8-bit digits from the top:
+//    each block counts the digits of its keys that match the prefix chosen
+//    so far; after one cluster barrier every block reads all C histograms
+//    (C loads per bin) and makes the same choice of digit. A pass whose
+//    chosen bucket is taken whole ends the select (random rows: after 2-3 of
+//    the 4 passes of float32). Per block it also keeps how many of its keys
+//    lie above the chosen buckets, so every block knows every block's number
+//    of selected elements, hence where its own go, without another barrier.
+// 2. Ties at the k-th key (the last pass's bucket has more elements than
+//    still needed) go by lower index: block b takes its first ties, in
+//    position order, after the sum of the earlier blocks' ties.
+// 3. Each block writes its selected elements, packed (key, ~index), into
+//    EVERY block's candidate array (exactly min(k, length) candidates, no
+//    capacity to overflow); one more cluster barrier.
+// 4. Each block ranks a 1/C slice of the candidates against all of them
+//    (block_rank.cuh) and writes those outputs.
+// Two cluster barriers plus one per select pass, instead of the threshold
+// kernel's second read of the row and the split-row kernel's launch per pass.
+//
+// Per-row lengths: the row's first len elements are split over the C blocks
+// (chunk = ceil(len / C), rounded up to a 16-byte vector), so short rows of a
+// ragged batch still use the whole cluster. Rows with len <= k select all.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "cuda/block_rank.cuh"
+#include "cuda/primitives.cuh"
+#include "cuda/topk_bitonic.cuh"
+#include "jax_topk/topk_dispatch.h"
+
+namespace jax_topk::cuda {
+
+inline constexpr int kClusterThreads = 512;
+inline constexpr int kClusterDigitBits = 8;
+inline constexpr int kClusterBins = 1 << kClusterDigitBits;
+static_assert(kClusterThreads >= kClusterBins, "a thread per bin gathers the histograms");
+
+// Elements per block for a row of len elements over C blocks: ceil(len / C)
+// rounded up to whole 16-byte vectors (chunks then start aligned whenever
+// the row does).
+template <typename U>
+JAX_TOPK_HOST_DEVICE constexpr int64_t cluster_chunk(int64_t len, int blocks) {
+  constexpr int64_t kVec = 16 / int64_t(sizeof(U));
+  const int64_t per = (len + blocks - 1) / blocks;
+  return (per + kVec - 1) / kVec * kVec;
+}
+
+// Dynamic shared memory: the two histogram buffers (read by the other
+// blocks), the rank's buckets, the keys of the chunk
+// (chunk_capacity elements), the candidates (next_pow2(k): the fallback sort
+// pads them to a power of two) and the rank's bucket spans (k).
+template <typename U>
+JAX_TOPK_HOST_DEVICE constexpr size_t cluster_smem_bytes(int64_t chunk_capacity, int64_t k) {
+  const size_t words = size_t(2 * kClusterBins + kRankBuckets) * sizeof(uint32_t);
+  const size_t keys = (size_t(chunk_capacity) * sizeof(U) + 15) / 16 * 16;
+  return words + keys + (size_t(next_pow2(k)) + size_t(k)) * sizeof(uint64_t);
+}
+
+// Phases of the kernel, as PhaseTimer slots (-DJAX_TOPK_PHASE_TIMING; the
+// self-test prints the sum over a row's C blocks).
+enum ClusterPhase : int {
+  kClusterPhaseLoad = 0,       // the chunk into shared memory
+  kClusterPhaseSelect = 1,     // the radix passes
+  kClusterPhaseBroadcast = 2,  // candidates to every block, the last barrier
+  kClusterPhaseRank = 3,       // rank the slice, write
+  kClusterPhaseCount = 4,      // the passes' histogram loops
+  kClusterPhaseWait = 5,       // the passes' cluster barriers
+  kClusterPhaseRemote = 6,     // the candidates' copies and the last barrier
+};
+
+struct ClusterTopkShared {
+  uint32_t digit;         // the pass's chosen digit
+  uint32_t above;         // elements of the cluster above it (in this pass)
+  uint32_t bucket_count;  // elements of the cluster in its bucket
+  uint32_t above_of[kClusterMaxBlocks];   // per block: elements above the chosen buckets
+  uint32_t bucket_of[kClusterMaxBlocks];  // per block: elements in the last chosen bucket
+  BlockRankShared<kClusterThreads> rank;
+};
+
+// Loads src[0:count) as ordered keys into keys[]: 16-byte vectors (8 in
+// flight per thread) when src is 16-byte aligned, else element by element.
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE void load_chunk_keys(const U* __restrict__ src, int count,
+                                                      U* keys, KeyCodec<U> codec) {
+  constexpr int kVec = int(16 / sizeof(U));
+  constexpr int kUnroll = 4;
+  const int tid = int(threadIdx.x);
+  int done = 0;
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const int nvec = count / kVec;
+    const uint4* vecs = reinterpret_cast<const uint4*>(src);
+    uint4* out = reinterpret_cast<uint4*>(keys);
+    for (int v0 = 0; v0 < nvec; v0 += kUnroll * kClusterThreads) {
+      Vec16<U> data[kUnroll];
+JAX_TOPK_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * kClusterThreads + tid;
+        if (v < nvec) data[u].raw = __ldg(vecs + v);
+      }
+JAX_TOPK_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * kClusterThreads + tid;
+JAX_TOPK_UNROLL
+        for (int e = 0; e < kVec; ++e) data[u].elems[e] = codec.key(data[u].elems[e]);
+        if (v < nvec) out[v] = data[u].raw;
+      }
+    }
+    done = nvec * kVec;
+  }
+  for (int i = done + tid; i < count; i += kClusterThreads) keys[i] = codec.key(src[i]);
+}
+
+// Whether key's bits at and above `shift` equal prefix's (shift == the key
+// width: no bits fixed yet).
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE bool key_matches_prefix(uint32_t key, uint32_t prefix, int shift) {
+  return shift >= int(sizeof(U) * 8) || (key >> shift) == (prefix >> shift);
+}
+
+// Warp 0 picks the digit of the k_left-th largest from the cluster's
+// histogram `totals` (kClusterBins counts): lane l owns 8 bins from the top.
+__device__ JAX_TOPK_FORCE_INLINE void cluster_pick_digit(const uint32_t* totals, uint32_t k_left,
+                                                         ClusterTopkShared& ss) {
+  constexpr int kPer = kClusterBins / kWarpSize;
+  const int lane = lane_id();
+  const int top = kClusterBins - 1 - lane * kPer;
+  uint32_t mine = 0;
+JAX_TOPK_UNROLL
+  for (int j = 0; j < kPer; ++j) mine += totals[top - j];
+  const uint32_t incl = warp_inclusive_sum(mine, lane);
+  const uint32_t above = incl - mine;
+  if (above < k_left && k_left <= incl) {
+    uint32_t acc = above;
+    for (int j = 0; j < kPer; ++j) {
+      const uint32_t c = totals[top - j];
+      if (acc + c >= k_left) {
+        ss.digit = uint32_t(top - j);
+        ss.above = acc;
+        ss.bucket_count = c;
+        break;
+      }
+      acc += c;
+    }
+  }
+}
+
+// Calls f(key, i) for every key of keys[0:count), thread by thread in
+// 16-byte vectors (keys[] is padded to whole vectors; the padding is skipped).
+template <typename U, typename F>
+__device__ JAX_TOPK_FORCE_INLINE void for_each_chunk_key(const U* keys, int count, F&& f) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const uint4* vecs = reinterpret_cast<const uint4*>(keys);
+  const int nvec = (count + kVec - 1) / kVec;
+#pragma unroll 2
+  for (int v = int(threadIdx.x); v < nvec; v += kClusterThreads) {
+    Vec16<U> data;
+    data.raw = vecs[v];
+JAX_TOPK_UNROLL
+    for (int e = 0; e < kVec; ++e) {
+      if (v * kVec + e < count) f(uint32_t(data.elems[e]), v * kVec + e);
+    }
+  }
+}
+
+// One cluster of C blocks (the launch's cluster dimension) per row:
+// gridDim.x = rows * C. Dynamic shared memory: cluster_smem_bytes<U>(
+// cluster_chunk<U>(n, C), k).
+template <typename U>
+__global__ void __launch_bounds__(kClusterThreads, 2)
+    cluster_topk_rows_kernel(const U* __restrict__ x, int64_t n, int64_t k, KeyCodec<U> codec,
+                             RowLengths<U> lengths, U* __restrict__ values,
+                             int32_t* __restrict__ indices) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  constexpr int kKeyBits = int(sizeof(U) * 8);
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int blocks = int(cluster.num_blocks());
+  const int me = int(cluster.block_rank());
+  const int tid = int(threadIdx.x);
+
+  extern __shared__ uint4 cluster_smem[];
+  uint32_t* hist = reinterpret_cast<uint32_t*>(cluster_smem);  // [2][kClusterBins]
+  uint32_t* rank_bins = hist + 2 * kClusterBins;                // [kRankBuckets]
+  U* keys = reinterpret_cast<U*>(rank_bins + kRankBuckets);
+  const int64_t row = int64_t(blockIdx.x) / blocks;
+  const int len = int(lengths.of_loaded(row, n));
+  const int chunk = int(cluster_chunk<U>(len, blocks));
+  P* candidates = reinterpret_cast<P*>(
+      reinterpret_cast<unsigned char*>(keys) + (size_t(cluster_chunk<U>(n, blocks)) * sizeof(U) + 15) / 16 * 16);
+  P* spill = candidates + next_pow2(k);
+  __shared__ ClusterTopkShared ss;
+  __shared__ uint32_t totals[kClusterBins];
+  PhaseTimer timer;
+
+  // The chunk of block b: [b * chunk, b * chunk + count_of(b)).
+  auto count_of = [&](int b) { return max_of(0, min_of(chunk, len - b * chunk)); };
+  const int begin = me * chunk;
+  const int count = count_of(me);
+  load_chunk_keys<U>(x + row * n + begin, count, keys, codec);
+  const int k_eff = int(min_of<int64_t>(k, len));
+  if (tid < kClusterBins) hist[tid] = 0;
+  if (tid < kClusterMaxBlocks) {
+    ss.above_of[tid] = 0;
+    ss.bucket_of[tid] = 0;
+  }
+  __syncthreads();
+  timer.mark(kClusterPhaseLoad);
+
+  // 1. The select (uniform over the cluster: len is the row's).
+  const bool select_all = k_eff == len;
+  uint32_t prefix = 0, k_left = uint32_t(k_eff);
+  int shift = kKeyBits;
+  bool whole_bucket = true;  // the last chosen bucket is taken whole
+  if (select_all) {
+    cluster.sync();  // every block has started before the first remote store
+  } else {
+    for (int pass = 0; shift > 0; ++pass) {
+      const int low = shift - kClusterDigitBits;
+      uint32_t* h = hist + (pass & 1) * kClusterBins;
+      for_each_chunk_key<U>(keys, count, [&](uint32_t key, int) {
+        if (key_matches_prefix<U>(key, prefix, shift)) atomicAdd(&h[(key >> low) & (kClusterBins - 1)], 1u);
+      });
+      timer.mark(kClusterPhaseCount);
+      // Every block's histogram is complete and visible; the other buffer
+      // was last read remotely in the previous pass, by blocks now past
+      // this barrier.
+      cluster.sync();
+      timer.mark(kClusterPhaseWait);
+      // Thread t < kClusterBins: bin t of every block (all C loads in
+      // flight before the first use).
+      uint32_t bin_of[kClusterMaxBlocks];
+      if (tid < kClusterBins) {
+JAX_TOPK_UNROLL
+        for (int b = 0; b < kClusterMaxBlocks; ++b) {
+          bin_of[b] = b < blocks ? cluster.map_shared_rank(h, b)[tid] : 0u;
+        }
+        uint32_t total = 0;
+JAX_TOPK_UNROLL
+        for (int b = 0; b < kClusterMaxBlocks; ++b) total += bin_of[b];
+        totals[tid] = total;
+        hist[((pass + 1) & 1) * kClusterBins + tid] = 0;
+      }
+      __syncthreads();
+      if (tid < kWarpSize) cluster_pick_digit(totals, k_left, ss);
+      __syncthreads();
+      const uint32_t digit = ss.digit;
+      if (tid < kClusterBins) {
+        // Each block's elements above the chosen digit: one sum per warp
+        // of bins and block.
+        const bool above = uint32_t(tid) > digit;
+JAX_TOPK_UNROLL
+        for (int b = 0; b < kClusterMaxBlocks; ++b) {
+          const uint32_t sum = __reduce_add_sync(kFullWarpMask, above ? bin_of[b] : 0u);
+          if (lane_id() == 0 && sum != 0) atomicAdd(&ss.above_of[b], sum);
+          if (uint32_t(tid) == digit) ss.bucket_of[b] = bin_of[b];
+        }
+      }
+      prefix |= digit << low;
+      k_left -= ss.above;
+      shift = low;
+      whole_bucket = ss.bucket_count == k_left;
+      timer.mark(kClusterPhaseSelect);
+      if (whole_bucket) break;  // uniform
+    }
+  }
+  __syncthreads();  // above_of / bucket_of complete
+  timer.mark(kClusterPhaseSelect);
+
+  // 2. This block's selected elements and where they go.
+  auto taken_ties = [&](int b, uint32_t ties_before) {  // ties of block b taken
+    const uint32_t ties = ss.bucket_of[b];
+    if (ties_before >= k_left) return 0u;
+    return min_of(ties, k_left - ties_before);
+  };
+  uint32_t offset = 0, ties_before = 0;
+  for (int b = 0; b < me; ++b) {
+    offset += select_all     ? uint32_t(count_of(b))
+              : whole_bucket ? ss.above_of[b] + ss.bucket_of[b]
+                             : ss.above_of[b] + taken_ties(b, ties_before);
+    ties_before += ss.bucket_of[b];
+  }
+  // Keys taken outright: all (select_all), those at or above the chosen
+  // bucket (whole_bucket), else those above the k-th key.
+  auto takes = [&](uint32_t key) {
+    if (select_all) return true;
+    if (whole_bucket) return (key >> shift) >= (prefix >> shift);  // shift < kKeyBits here
+    return key > prefix;
+  };
+  // 3. The block's candidates into its own slots [offset, offset + mine):
+  // those taken outright in any order (a scan of per-thread counts), then
+  // the ties in position order (each thread walks a contiguous run).
+  uint32_t mine_outright = 0;
+  for_each_chunk_key<U>(keys, count, [&](uint32_t key, int) { mine_outright += takes(key) ? 1u : 0u; });
+  uint32_t slot = offset + block_exclusive_sum<kClusterThreads>(mine_outright, ss.rank.warp_totals);
+  for_each_chunk_key<U>(keys, count, [&](uint32_t key, int i) {
+    if (takes(key)) candidates[slot++] = Pack::pack(U(key), uint32_t(begin + i));
+  });
+  uint32_t mine = select_all ? uint32_t(count) : ss.above_of[me] + ss.bucket_of[me];
+  if (!whole_bucket) {
+    const uint32_t take_ties = taken_ties(me, ties_before);
+    mine = ss.above_of[me] + take_ties;
+    if (take_ties > 0) {  // uniform over the block
+      const int per = (count + kClusterThreads - 1) / kClusterThreads;
+      const int lo = min_of(count, tid * per), hi = min_of(count, lo + per);
+      uint32_t my_ties = 0;
+      for (int i = lo; i < hi; ++i) my_ties += uint32_t(keys[i]) == prefix ? 1u : 0u;
+      uint32_t ordinal = block_exclusive_sum<kClusterThreads>(my_ties, ss.rank.warp_totals);
+      const uint32_t base = offset + ss.above_of[me];
+      for (int i = lo; i < hi && ordinal < take_ties; ++i) {
+        if (uint32_t(keys[i]) != prefix) continue;
+        candidates[base + ordinal] = Pack::pack(U(prefix), uint32_t(begin + i));
+        ++ordinal;
+      }
+    }
+  }
+  __syncthreads();
+  timer.mark(kClusterPhaseBroadcast);
+  // ... then copied to the same slots of every other block: coalesced
+  // stores, one pass per destination.
+  for (int b = 1; b < blocks; ++b) {
+    P* remote = cluster.map_shared_rank(candidates, (me + b) % blocks);
+    for (uint32_t j = uint32_t(tid); j < mine; j += kClusterThreads) remote[offset + j] = candidates[offset + j];
+  }
+  cluster.sync();  // every block holds all k_eff candidates; no remote access after this
+  timer.mark(kClusterPhaseRemote);
+
+  // 4. Rank this block's slice of the candidates; pad slots [k_eff, k).
+  const int64_t first = int64_t(k_eff) * me / blocks, last = int64_t(k_eff) * (me + 1) / blocks;
+  U* values_row = values + row * k;
+  int32_t* indices_row = indices + row * k;
+  const bool ranked = block_rank_desc<kClusterThreads>(
+      candidates, k_eff, int(first), int(last), spill, rank_bins, ss.rank,
+      [&](P e, int pos) { write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos); });
+  if (!ranked) {
+    // A bucket too full to rank (values clustered far below a few outliers).
+    const int sorted = int(next_pow2(k_eff));
+    for (int i = k_eff + tid; i < sorted; i += kClusterThreads) candidates[i] = 0;
+    block_bitonic_sort_desc(candidates, sorted);
+    for (int64_t j = first + tid; j < last; j += kClusterThreads) {
+      write_packed_output(candidates[j], codec, lengths.pad_bits, values_row, indices_row, j);
+    }
+  }
+  const int64_t pad_first = k_eff + (k - k_eff) * me / blocks;
+  const int64_t pad_last = k_eff + (k - k_eff) * (me + 1) / blocks;
+  for (int64_t j = pad_first + tid; j < pad_last; j += kClusterThreads) {
+    write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
+  }
+  timer.mark(kClusterPhaseRank);
+#else
+  __trap();  // the dispatcher sends this regime to sm_90 and newer only
+#endif
+}
+
+}  // namespace jax_topk::cuda
