@@ -8,7 +8,7 @@ import jaxlib
 from jax_topk import _registry
 from jax_topk._version import __version__
 
-OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route")
+OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route", "indexer")
 # jax.default_backend() names -> the registry's platform keys.
 _BACKEND_PLATFORM = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
 

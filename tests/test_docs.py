@@ -7,9 +7,9 @@ import doctest
 import pytest
 
 import jax_topk
-from jax_topk import _info, _ragged, _sort, _topk, routing
+from jax_topk import _indexer, _info, _ragged, _sort, _topk, routing
 
-MODULES = [_topk, _sort, _ragged, _info, routing]
+MODULES = [_topk, _sort, _ragged, _info, _indexer, routing]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

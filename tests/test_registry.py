@@ -14,9 +14,10 @@ def test_info_reports_the_cpu_module():
     info = jax_topk.info()
     cpu = info["platforms"]["cpu"]
     assert cpu["native"] and cpu["ffi_platform"] == "cpu"
-    ops = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route")
+    ops = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route", "indexer")
     assert cpu["targets"] == {op: f"jax_topk_{op}" for op in ops}
     assert cpu["op_dtypes"]["route"] == ["float32", "bfloat16", "float16"]
+    assert cpu["op_dtypes"]["indexer"] == ["float32", "bfloat16"]
     assert cpu["op_dtypes"]["top_k"] == cpu["dtypes"]
     assert tuple(cpu["build"]["ffi_api_version"]) >= (0, 3)
     assert info["backend"] in ("cpu", "gpu", "cuda")

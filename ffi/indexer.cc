@@ -1,0 +1,104 @@
+// XLA FFI handlers of the sparse-attention indexer (jax_topk/indexer.h):
+// q [B, H, D], keys [B, N, D] (float32 or bfloat16), weights [B, H] float32,
+// lengths [B] int32 -> scores [B, k] float32, ids [B, k] int32. Scores the
+// first lengths[b] keys of each item (the sequence-mask rule), then takes the
+// top k of each row of scores with the top_k kernel. CPU only so far (the
+// CUDA module lowers the op through the pure-JAX composition).
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "ffi/common.h"
+#include "ffi/handlers.h"
+#include "jax_topk/indexer.h"
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+#include "cpu/indexer_cpu.h"
+#include "cpu/topk_cpu.h"
+#endif
+
+namespace ffi = ::xla::ffi;
+
+#if defined(JAX_TOPK_PLATFORM_CPU)
+namespace jax_topk {
+namespace {
+
+constexpr const char* kOp = "jax_topk.indexer_top_k";
+
+struct IndexerGeometry {
+  int64_t batch = 0, heads = 0, n = 0, dim = 0;
+  DType dtype = DType::float32;
+};
+
+ffi::Error indexer_error(const std::string& what) { return ffi::Error::InvalidArgument(std::string(kOp) + ": " + what); }
+
+// Checks every operand's and result's shape against q [B, H, D].
+ffi::Error decode_indexer(const ffi::AnyBuffer& q, const ffi::AnyBuffer& keys, const ffi::Buffer<ffi::F32>& weights,
+                          const ffi::Buffer<ffi::S32>& lengths, const ffi::Buffer<ffi::F32>& scores,
+                          const ffi::Buffer<ffi::S32>& ids, int64_t k, IndexerGeometry* g) {
+  using ffi_util::shape_string;
+  const auto qd = q.dimensions(), kd = keys.dimensions();
+  if (qd.size() != 3 || kd.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2]) {
+    return indexer_error("q " + shape_string(qd) + " and keys " + shape_string(kd) +
+                         " must be [B, H, D] and [B, N, D]");
+  }
+  g->batch = qd[0];
+  g->heads = qd[1];
+  g->dim = qd[2];
+  g->n = kd[1];
+  const auto wd = weights.dimensions();
+  if (wd.size() != 2 || wd[0] != g->batch || wd[1] != g->heads) {
+    return indexer_error("weights " + shape_string(wd) + " must be [B, H] for q " + shape_string(qd));
+  }
+  if (int64_t(lengths.element_count()) != g->batch) {
+    return indexer_error("lengths has " + std::to_string(lengths.element_count()) + " elements, expected B = " +
+                         std::to_string(g->batch));
+  }
+  if (k < 0 || k > g->n || g->n >= (int64_t(1) << 31)) {
+    return indexer_error("k=" + std::to_string(k) + " must be in [0, N] for keys " + shape_string(kd));
+  }
+  for (const auto& out : {scores.dimensions(), ids.dimensions()}) {
+    if (out.size() != 2 || out[0] != g->batch || out[1] != k) {
+      return indexer_error("result " + shape_string(out) + " must be [B, k] = (" + std::to_string(g->batch) +
+                           ", " + std::to_string(k) + ")");
+    }
+  }
+  const auto dtype = ffi_util::to_dtype(q.element_type());
+  if (!dtype || !is_indexer_dtype(*dtype) || keys.element_type() != q.element_type()) {
+    return ffi_util::unsupported_dtype(kOp, q.element_type());
+  }
+  g->dtype = *dtype;
+  return ffi::Error::Success();
+}
+
+ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
+                       ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
+                       ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k) {
+  IndexerGeometry g;
+  if (auto err = decode_indexer(q, keys, weights, lengths, *scores, *ids, k, &g); err.failure()) return err;
+  std::vector<int32_t> clamped(size_t(g.batch));
+  for (int64_t b = 0; b < g.batch; ++b) clamped[b] = int32_t(std::clamp<int64_t>(lengths.typed_data()[b], 0, g.n));
+  std::vector<float> all_scores(size_t(g.batch * g.n), 0.0f);
+  ffi_util::XlaThreadPoolRunner runner(pool);
+  cpu::indexer_scores(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(), g.batch, g.heads, g.n,
+                      g.dim, clamped.data(), all_scores.data(), runner);
+  cpu::topk_rows(DType::float32, all_scores.data(), scores->typed_data(), ids->typed_data(), g.batch, g.n, k,
+                 clamped.data(), runner);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jax_topk
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("k"));
+#endif

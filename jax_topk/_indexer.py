@@ -1,0 +1,186 @@
+"""``indexer_top_k``: the sparse-attention indexer, score and top-k in one call.
+
+Side by side here: the pure-JAX composition (the fallback lowering), abstract
+eval, batching, JVP and the kernel lowering of the ``indexer`` primitive, and
+the public function with its argument checks.
+
+Operands: ``q [B, H, D]``, ``keys [B, N, D]`` (one dtype), ``weights [B, H]``
+float32, ``lengths [B]`` int32 (``N`` for whole rows). Results: ``scores
+[B, k]`` float32 and ``ids [B, k]`` int32.
+
+The score and its one fixed order of float32 operations are defined in
+``csrc/include/jax_topk/indexer.h``; the native kernels follow it, which makes
+every row's result independent of the batch it is computed in and of the padded
+``N``. The pure-JAX composition (used where no kernel exists: the GPU, for now)
+computes the same scores with XLA's dot, whose rounding is its own.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jax_topk import _checks, _compat, _registry
+from jax_topk._topk import top_k
+
+
+def _f32(x):
+    return jnp.asarray(x).astype(jnp.float32)
+
+
+def scores_reference(q, keys, weights) -> jax.Array:
+    """``sum_h weights[b, h] * relu(q[b, h] . keys[b, s])`` in float32 ([B, N])."""
+    dots = jnp.einsum("bhd,bnd->bhn", _f32(q), _f32(keys), precision=lax.Precision.HIGHEST)
+    return jnp.einsum("bh,bhn->bn", _f32(weights), jnp.maximum(dots, 0.0), precision=lax.Precision.HIGHEST)
+
+
+def scores_at(q, keys, weights, ids) -> jax.Array:
+    """The scores of the keys ``ids`` ([B, k]; -1 gives 0): a smooth function
+    of q, keys and weights (the JVP differentiates this)."""
+    picked = jnp.take_along_axis(_f32(keys), jnp.maximum(ids, 0)[..., None], axis=1)  # [B, k, D]
+    dots = jnp.einsum("bhd,bkd->bhk", _f32(q), picked, precision=lax.Precision.HIGHEST)
+    s = jnp.einsum("bh,bhk->bk", _f32(weights), jnp.maximum(dots, 0.0), precision=lax.Precision.HIGHEST)
+    return jnp.where(ids >= 0, s, 0.0)
+
+
+def composition(q, keys, weights, lengths, *, k):
+    """The indexer as plain JAX ops over ``jax_topk.top_k``: the fallback lowering."""
+    return top_k(scores_reference(q, keys, weights), k, lengths=lengths)
+
+
+indexer_p = Primitive("jax_topk_indexer")
+indexer_p.multiple_results = True
+indexer_p.def_impl(functools.partial(_compat.apply_primitive, indexer_p))
+
+
+def _abstract_eval(q, keys, weights, lengths, *, k):
+    shape = (q.shape[0], k)
+    return (jax.core.ShapedArray(shape, jnp.float32), jax.core.ShapedArray(shape, jnp.int32))
+
+
+indexer_p.def_abstract_eval(_abstract_eval)
+
+
+def _batch(args, dims, *, k):
+    # A vmapped axis becomes more batch items: V x [B, ...] -> [V * B, ...],
+    # one kernel call (unbatched operands are broadcast).
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    flat = []
+    for a, d in zip(args, dims):
+        a = jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
+        flat.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
+    scores, ids = indexer_p.bind(*flat, k=k)
+    return (scores.reshape(size, -1, k), ids.reshape(size, -1, k)), (0, 0)
+
+
+def _jvp(primals, tangents, *, k):
+    q, keys, weights, lengths = primals
+    scores, ids = indexer_p.bind(q, keys, weights, lengths, k=k)
+    t_in = tangents[:3]
+    if all(type(t) is ad.Zero for t in t_in):
+        t_scores = _compat.symbolic_zero_tangent(scores)
+    else:
+        t_in = [jnp.zeros_like(_f32(p)) if type(t) is ad.Zero else _f32(t) for p, t in zip(primals[:3], t_in)]
+        fn = functools.partial(scores_at, ids=ids)
+        _, t_scores = jax.jvp(fn, tuple(_f32(p) for p in primals[:3]), tuple(t_in))
+    return (scores, ids), (t_scores, _compat.symbolic_zero_tangent(ids))
+
+
+_fallback_lowering = mlir.lower_fun(composition, multiple_results=True)
+
+
+def _kernel_lowering(platform: str):
+    def lowering(ctx, q, keys, weights, lengths, *, k):
+        target = _registry.kernel_target("indexer", platform, ctx.avals_in[0].dtype)
+        if target is None:
+            return _fallback_lowering(ctx, q, keys, weights, lengths, k=k)
+        return jax.ffi.ffi_lowering(target)(ctx, q, keys, weights, lengths, k=np.int64(k))
+
+    return lowering
+
+
+batching.primitive_batchers[indexer_p] = _batch
+ad.primitive_jvps[indexer_p] = _jvp
+mlir.register_lowering(indexer_p, _fallback_lowering)
+for _platform in _registry.platforms():
+    mlir.register_lowering(indexer_p, _kernel_lowering(_platform), platform=_platform)
+
+
+def indexer_top_k(q: jax.Array, keys: jax.Array, weights: jax.Array, k: int, *,
+                  lengths: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Sparse-attention indexer: score every key of each item, keep the best ``k``.
+
+    For each batch item ``b`` and key ``s < lengths[b]``::
+
+        score[b, s] = sum_h weights[b, h] * relu(q[b, h] . keys[b, s])
+
+    in float32, then the ``k`` best scores of each item in the IEEE total order
+    (ties by lower key index), like ``jax_topk.top_k``. One call covers the
+    whole batch.
+
+    Batch invariance: where a native kernel runs (``jax_topk.info()``, op
+    ``indexer``; the CPU so far), each score is computed by one fixed sequence
+    of float32 operations (``csrc/include/jax_topk/indexer.h``) that depends on
+    the item's own q, keys and weights only. An item's scores and ids are then
+    bit-identical whether it is computed alone, in any batch, or padded to any
+    ``N``. Elsewhere the pure-JAX composition runs (XLA's dot), which agrees to
+    float32 rounding but carries no such guarantee.
+
+    Args:
+      q: queries ``[B, H, D]``, float32 or bfloat16 (kernels; any float dtype
+        runs the composition).
+      keys: ``[B, N, D]``, the same dtype as ``q``.
+      weights: per-head weights ``[B, H]`` (used in float32).
+      k: static number of keys to keep, ``0 <= k <= N``.
+      lengths: optional integer ``[B]``: only keys ``s < lengths[b]`` take part
+        (the rule of ``top_k``'s ``lengths``: <= 0 selects nothing, >= N
+        everything). Slots past ``min(k, lengths[b])`` hold score ``-inf`` and
+        id -1.
+
+    Returns:
+      ``(scores, ids)``: float32 ``[B, k]`` and int32 ``[B, k]``, best first.
+      Scores are differentiable with respect to ``q``, ``keys`` and
+      ``weights`` (the tangent of the chosen keys' scores); ids are not.
+      Under ``jax.vmap`` the vmapped axis folds into ``B``: one call.
+
+    Example:
+      >>> import numpy as np, jax_topk
+      >>> q = np.ones((1, 2, 4), np.float32)
+      >>> keys = np.arange(12, dtype=np.float32).reshape(1, 3, 4) - 4  # dots -10, 6, 22
+      >>> scores, ids = jax_topk.indexer_top_k(q, keys, np.array([[1.0, 0.5]], np.float32), 2)
+      >>> scores.tolist(), ids.tolist()
+      ([[33.0, 9.0]], [[2, 1]])
+    """
+    fn = "jax_topk.indexer_top_k"
+    q = _checks.as_array(q, "q", fn)
+    keys = _checks.as_array(keys, "keys", fn)
+    weights = _checks.as_array(weights, "weights", fn)
+    k = _checks.static_int(k, "k", fn)
+    if np.ndim(q) != 3 or np.ndim(keys) != 3:
+        raise ValueError(f"{fn}: q and keys must be [B, H, D] and [B, N, D], got shapes "
+                         f"{tuple(np.shape(q))} and {tuple(np.shape(keys))}")
+    (b, h, d), (kb, n, kd) = q.shape, keys.shape
+    if (kb, kd) != (b, d):
+        raise ValueError(f"{fn}: keys {tuple(keys.shape)} must be [B, N, D] = [{b}, N, {d}] for q {tuple(q.shape)}")
+    if tuple(np.shape(weights)) != (b, h):
+        raise ValueError(f"{fn}: weights must have shape [B, H] = {(b, h)} for q {tuple(q.shape)}, "
+                         f"got {tuple(np.shape(weights))}")
+    for name, a in (("q", q), ("keys", keys), ("weights", weights)):
+        if not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"{fn}: {name} must have a floating dtype, got {np.dtype(a.dtype).name}")
+    if q.dtype != keys.dtype:
+        raise TypeError(f"{fn}: q and keys must have one dtype, got {np.dtype(q.dtype).name} and "
+                        f"{np.dtype(keys.dtype).name}")
+    if not 0 <= k <= n:
+        raise ValueError(f"{fn}: k={k} must be in [0, N={n}] for keys {tuple(keys.shape)}")
+    if lengths is None:
+        lengths = jnp.full((b,), n, jnp.int32)
+    else:
+        lengths = _checks.lengths_for(lengths, (b, n), 1, fn)
+    return tuple(indexer_p.bind(jnp.asarray(q), jnp.asarray(keys), _f32(weights), lengths, k=k))
