@@ -2,8 +2,7 @@
 // q [B, H, D], keys [B, N, D] (float32 or bfloat16), weights [B, H] float32,
 // lengths [B] int32 -> scores [B, k] float32, ids [B, k] int32. Scores the
 // first lengths[b] keys of each item (the sequence-mask rule), then takes the
-// top k of each row of scores with the top_k kernel. CPU only so far (the
-// CUDA module lowers the op through the pure-JAX composition).
+// top k of each row of scores with the top_k kernel.
 
 #include <algorithm>
 #include <string>
@@ -17,10 +16,12 @@
 #include "cpu/indexer_cpu.h"
 #include "cpu/topk_cpu.h"
 #endif
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+#include "cuda/indexer_cuda.h"
+#endif
 
 namespace ffi = ::xla::ffi;
 
-#if defined(JAX_TOPK_PLATFORM_CPU)
 namespace jax_topk {
 namespace {
 
@@ -72,6 +73,7 @@ ffi::Error decode_indexer(const ffi::AnyBuffer& q, const ffi::AnyBuffer& keys, c
   return ffi::Error::Success();
 }
 
+#if defined(JAX_TOPK_PLATFORM_CPU)
 ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
                        ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
                        ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k) {
@@ -87,10 +89,32 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
                  clamped.data(), runner);
   return ffi::Error::Success();
 }
+#endif
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+// Temporaries (the [B, N] scores and the top-k's scratch) come in
+// `workspace`, an extra result sized at lowering time (workspace_bytes).
+ffi::Error indexer_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
+                        ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
+                        ffi::Result<ffi::Buffer<ffi::S32>> ids, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
+                        int64_t k) {
+  IndexerGeometry g;
+  if (auto err = decode_indexer(q, keys, weights, lengths, *scores, *ids, k, &g); err.failure()) return err;
+  const size_t given = workspace->element_count();
+  if (auto err = ffi_util::check_workspace(kOp, given, cuda::indexer_scratch_bytes(g.batch, g.n, k)); err.failure()) {
+    return err;
+  }
+  return ffi_util::cuda_status(
+      kOp, cuda::indexer_top_k(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(),
+                               lengths.typed_data(), g.batch, g.heads, g.n, g.dim, k, scores->typed_data(),
+                               ids->typed_data(), workspace->untyped_data(), given, stream));
+}
+#endif
 
 }  // namespace
 }  // namespace jax_topk
 
+#if defined(JAX_TOPK_PLATFORM_CPU)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
@@ -101,4 +125,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("k"));
+#endif
+
+#if defined(JAX_TOPK_PLATFORM_CUDA)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCuda, jax_topk::indexer_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::U8>>()
+                                  .Attr<int64_t>("k"),
+                              {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -14,6 +14,7 @@
 #if defined(JAX_TOPK_PLATFORM_CUDA)
 #include <stdexcept>
 
+#include "cuda/indexer_cuda.h"
 #include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
 #include "ffi/common.h"
@@ -97,6 +98,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
           return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
         }
         if (op == "sort" || op == "sort_lengths") return int64_t(jax_topk::cuda::sort_scratch_bytes(*d, rows, n));
+        if (op == "indexer") return int64_t(jax_topk::cuda::indexer_scratch_bytes(rows, n, k));  // rows = B, n = N
         throw std::invalid_argument("no workspace rule for op " + op);
       },
       "Bytes of device workspace the op's kernel needs on the current GPU.");

@@ -11,8 +11,8 @@ float32, ``lengths [B]`` int32 (``N`` for whole rows). Results: ``scores
 The score and its one fixed order of float32 operations are defined in
 ``csrc/include/jax_topk/indexer.h``; the native kernels follow it, which makes
 every row's result independent of the batch it is computed in and of the padded
-``N``. The pure-JAX composition (used where no kernel exists: the GPU, for now)
-computes the same scores with XLA's dot, whose rounding is its own.
+``N``. The pure-JAX composition (used where no kernel exists) computes the same
+scores with XLA's dot, whose rounding is its own.
 """
 
 from __future__ import annotations
@@ -100,7 +100,13 @@ def _kernel_lowering(platform: str):
         target = _registry.kernel_target("indexer", platform, ctx.avals_in[0].dtype)
         if target is None:
             return _fallback_lowering(ctx, q, keys, weights, lengths, k=k)
-        return jax.ffi.ffi_lowering(target)(ctx, q, keys, weights, lengths, k=np.int64(k))
+        b, n = ctx.avals_in[1].shape[:2]
+        extra = _registry.workspace_bytes("indexer", platform, ctx.avals_in[0].dtype, b, n, k)
+        if extra is None:  # CPU handlers take no workspace
+            return jax.ffi.ffi_lowering(target)(ctx, q, keys, weights, lengths, k=np.int64(k))
+        workspace = _compat.ShapedArray((max(extra, 1),), np.uint8)
+        ctx = ctx.replace(avals_out=[*ctx.avals_out, workspace])
+        return jax.ffi.ffi_lowering(target)(ctx, q, keys, weights, lengths, k=np.int64(k))[:-1]
 
     return lowering
 
@@ -125,12 +131,17 @@ def indexer_top_k(q: jax.Array, keys: jax.Array, weights: jax.Array, k: int, *,
     whole batch.
 
     Batch invariance: where a native kernel runs (``jax_topk.info()``, op
-    ``indexer``; the CPU so far), each score is computed by one fixed sequence
-    of float32 operations (``csrc/include/jax_topk/indexer.h``) that depends on
-    the item's own q, keys and weights only. An item's scores and ids are then
-    bit-identical whether it is computed alone, in any batch, or padded to any
-    ``N``. Elsewhere the pure-JAX composition runs (XLA's dot), which agrees to
-    float32 rounding but carries no such guarantee.
+    ``indexer``: CPU and CUDA), each score is computed by one fixed sequence
+    of float32 operations that depends on the item's own q, keys and weights
+    only. An item's scores and ids are then bit-identical whether it is
+    computed alone, in any batch, or padded to any ``N``. The order is that of
+    ``csrc/include/jax_topk/indexer.h`` on the CPU and, on CUDA, for float32
+    inputs or shapes without tensor-core tiles (then GPU == CPU bit for bit);
+    bfloat16 inputs with ``H`` and ``D`` multiples of 16 take tensor cores on
+    CUDA (float32 accumulation in a fixed order, the hardware's rounding:
+    batch-invariant, within float32 rounding of the CPU). Elsewhere the
+    pure-JAX composition runs (XLA's dot), which agrees to float32 rounding
+    but carries no such guarantee.
 
     Args:
       q: queries ``[B, H, D]``, float32 or bfloat16 (kernels; any float dtype

@@ -140,3 +140,43 @@ def test_bad_input_names_the_argument(bad, message):
     args.update(bad)
     with pytest.raises((ValueError, TypeError), match=message):
         jax_topk.indexer_top_k(args["q"], args["keys"], args["weights"], args["k"], lengths=args["lengths"])
+
+
+def _gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.skipif(_gpu() is None, reason="no GPU")
+@pytest.mark.parametrize("dtype,h,d", [("float32", 64, 128), ("float32", 5, 7), ("bfloat16", 6, 20),
+                                       ("bfloat16", 64, 128), ("bfloat16", 16, 16)])
+def test_gpu_against_cpu(rng, dtype, h, d):
+    """GPU == CPU bit for bit where the GPU takes the exact order of
+    indexer.h (float32, or shapes without 16x16 tiles); within float32
+    rounding where bfloat16 takes tensor cores, and batch-invariant there."""
+    np_dtype = getattr(ml_dtypes, dtype) if dtype == "bfloat16" else np.float32
+    b, n, k = 4, 3000, 100
+    q, keys, w = make(rng, b, h, n, d, np_dtype)
+    lengths = np.array([3000, 1, 2047, 100], np.int32)
+    run = jax.jit(lambda *a: jax_topk.indexer_top_k(*a[:3], k, lengths=a[3]))
+    on = {dev: [np.asarray(r) for r in run(*(jax.device_put(a, dev) for a in (q, keys, w, lengths)))]
+          for dev in (jax.devices("cpu")[0], _gpu())}
+    (cs, ci), (gs, gi) = on.values()
+    tensor_cores = dtype == "bfloat16" and h % 16 == 0 and d % 16 == 0
+    if not tensor_cores:
+        assert gs.tobytes() == cs.tobytes() and np.array_equal(gi, ci)
+        return
+    ref, tol = reference_scores(q, keys, w)
+    for row in range(b):
+        m = min(k, int(lengths[row]))
+        assert np.all(gi[row, m:] == -1)
+        np.testing.assert_array_less(np.abs(gs[row, :m] - ref[row, gi[row, :m]]), tol[row, gi[row, :m]])
+    # batch-invariant on the GPU: each row alone, at its own length
+    for row in range(b):
+        m = min(k, int(lengths[row]))
+        alone = jax.jit(lambda *a: jax_topk.indexer_top_k(*a, m))(
+            *(jax.device_put(a, _gpu()) for a in (q[row:row + 1], keys[row:row + 1, :lengths[row]], w[row:row + 1])))
+        assert np.asarray(alone[0])[0].tobytes() == gs[row, :m].tobytes()
+        assert np.array_equal(np.asarray(alone[1])[0], gi[row, :m])

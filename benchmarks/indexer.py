@@ -1,0 +1,122 @@
+"""The indexer issue's benchmark, side by side in one process.
+
+    python benchmarks/indexer.py [--batch 31] [--heads 64] [--dim 128] [--k 2048] [--out benchmarks/results]
+
+B items of bfloat16 queries [H, D] and keys [N_b, D] (N_b uniform in 2000..8000,
+then in 32768..65536; seed 0), float32 weights [H]; the top k of
+``sum_h w[h] * relu(q[h] . keys[s])`` per item. Contenders, each one jitted
+executable:
+  - the per-item loop of jnp ops + ``lax.top_k`` (B einsums, B top-ks),
+  - single jnp compositions on the padded batch (einsum, relu, weighted sum,
+    mask, ``lax.top_k``), with float32 dots and with bfloat16 dots (the best
+    one is the baseline),
+  - one ``jax_topk.indexer_top_k(..., lengths=)`` call.
+Writes ``<out>/<device>-indexer.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+import jax_topk
+from jax_topk import _bench
+
+
+def contenders(lengths: np.ndarray, k: int) -> dict:
+    batch = len(lengths)
+    lengths_dev = jnp.asarray(lengths)
+
+    def per_item(args):
+        q, keys, w = args
+        out = []
+        for b in range(batch):
+            dots = jnp.einsum("hd,nd->hn", q[b], keys[b, : int(lengths[b])], preferred_element_type=jnp.float32)
+            s = (w[b][:, None] * jnp.maximum(dots, 0.0)).sum(0)
+            out.append(lax.top_k(s, min(k, int(lengths[b]))))
+        return out
+
+    def padded(dot_dtype):
+        def run(args):
+            q, keys, w = args
+            dots = jnp.einsum("bhd,bnd->bhn", q, keys, preferred_element_type=dot_dtype)
+            s = jnp.einsum("bh,bhn->bn", w, jnp.maximum(dots, 0).astype(jnp.float32))
+            s = jnp.where(jnp.arange(keys.shape[1])[None, :] < lengths_dev[:, None], s, -jnp.inf)
+            return lax.top_k(s, k)
+        return run
+
+    return {
+        "per-item loop (jnp + lax.top_k)": per_item,
+        "padded composition, float32 dots": padded(jnp.float32),
+        "padded composition, bfloat16 dots": padded(jnp.bfloat16),
+        "jax_topk.indexer_top_k": lambda a: jax_topk.indexer_top_k(*a, k, lengths=lengths_dev),
+    }
+
+
+def run_case(name: str, lo: int, hi: int, args, rng) -> dict:
+    lengths = rng.integers(lo, hi + 1, size=args.batch).astype(np.int32)
+    n = int(lengths.max())
+    bf16 = ml_dtypes.bfloat16
+    replicas = 2
+    inputs = []
+    for _ in range(replicas):
+        q = rng.standard_normal((args.batch, args.heads, args.dim)).astype(bf16)
+        keys = rng.standard_normal((args.batch, n, args.dim)).astype(bf16)
+        w = rng.random((args.batch, args.heads)).astype(np.float32)
+        inputs.append(tuple(jax.device_put(a) for a in (q, keys, w)))
+    ops = contenders(lengths, args.k)
+    bar = _bench.Progress(len(ops))
+    times, wall, clocks = {}, {}, {}
+    for label, op in ops.items():
+        bar.step(f"{name}: {label}")
+        t = _bench.measure(op, inputs, args.repeats)
+        times[label], wall[label], clocks[label] = t.seconds * 1e6, t.wall_seconds * 1e6, t.clock
+    bar.close()
+    ours = times["jax_topk.indexer_top_k"]
+    best = min(v for key, v in times.items() if key.startswith("padded"))
+    result = {"case": name, "lengths": lengths.tolist(), "n_padded": n, "times_us": times, "wall_us": wall,
+              "clock": clocks, "speedup_vs_per_item_loop": times["per-item loop (jnp + lax.top_k)"] / ours,
+              "speedup_vs_best_composition": best / ours}
+    print(f"-- {name} (B={args.batch}, H={args.heads}, D={args.dim}, k={args.k}, bfloat16, padded N={n})")
+    for label, t in times.items():
+        print(f"{label:>36}: {t:9.1f} us {clocks[label]}, {wall[label]:9.1f} us wall")
+    print(f"indexer_top_k: {result['speedup_vs_per_item_loop']:.1f}x the per-item loop, "
+          f"{result['speedup_vs_best_composition']:.2f}x the best single composition")
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=31)
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--k", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    cases = [run_case("lengths 2000..8000", 2000, 8000, args, rng),
+             run_case("lengths 32768..65536", 32768, 65536, args, rng)]
+    result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
+              "batch": args.batch, "heads": args.heads, "dim": args.dim, "k": args.k, "dtype": "bfloat16",
+              "repeats": args.repeats, "cases": cases}
+    os.makedirs(args.out, exist_ok=True)
+    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
+    path = os.path.join(args.out, f"{device}-indexer.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

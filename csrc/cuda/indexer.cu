@@ -1,0 +1,202 @@
+// CUDA sparse-attention indexer: the scores of every key into a [batch, n]
+// float32 scratch, then the top-k kernels over each row's first length keys.
+//
+// Two score kernels; which one runs depends on (dtype, heads, dim) only:
+// - indexer_scores_mma_kernel (bfloat16, heads and dim multiples of 16): a
+//   block takes one item's queries into shared memory once and scores a
+//   chunk of its keys, 64 at a time; each warp forms the [heads x 16 keys]
+//   dots on tensor cores (WMMA 16x16x16, float32 accumulators, dim in steps
+//   of 16 in increasing order), then one lane per key sums the heads in
+//   order. The MMA's rounding is the hardware's, the same for every call.
+// - indexer_scores_exact_kernel (any shape, float32 or bfloat16): one thread
+//   per key, the order of indexer.h with explicitly rounded products and sums
+//   (no FMA contraction): bit-identical to the CPU kernel.
+
+#include <mma.h>
+
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/indexer_cuda.h"
+#include "cuda/scratch.h"
+#include "cuda/topk_cuda.h"
+#include "jax_topk/indexer.h"
+
+namespace jax_topk::cuda {
+namespace {
+
+constexpr int kMmaTile = 16;          // WMMA m = n = k
+constexpr int kMmaWarps = 4;          // 16 keys each
+constexpr int kMmaThreads = kMmaWarps * 32;
+constexpr int kMmaKeysPerStep = kMmaWarps * kMmaTile;
+constexpr int kMmaStepsPerBlock = 8;  // 512 keys per block: the queries are loaded once per 512 keys
+constexpr int kExactThreads = 128;
+
+// Dynamic shared memory of the MMA kernel: the item's queries [heads][dim]
+// and one step's keys [64][dim] (bfloat16), each warp's dots [heads][16]
+// (float32) and the weights.
+size_t mma_smem_bytes(int64_t heads, int64_t dim) {
+  return size_t(heads * dim + kMmaKeysPerStep * dim) * 2 + size_t(kMmaWarps * heads * kMmaTile + heads) * 4;
+}
+
+// Copies `count` 16-byte vectors with the whole block (dst in shared memory).
+__device__ __forceinline__ void copy_vectors(uint4* dst, const uint4* src, int count, int valid) {
+  for (int i = int(threadIdx.x); i < count; i += int(blockDim.x)) {
+    dst[i] = i < valid ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__global__ void __launch_bounds__(kMmaThreads)
+    indexer_scores_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ keys,
+                              const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
+                              int64_t n, int dim, float* __restrict__ scores) {
+  using namespace nvcuda;
+  extern __shared__ uint4 indexer_smem[];
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(indexer_smem);
+  __nv_bfloat16* keys_s = q_s + heads * dim;
+  float* dots_s = reinterpret_cast<float*>(keys_s + kMmaKeysPerStep * dim);
+  float* w_s = dots_s + kMmaWarps * heads * kMmaTile;
+  const int64_t b = blockIdx.y;
+  const int64_t len = min(max(int64_t(__ldg(lengths + b)), int64_t(0)), n);
+  const int64_t first = int64_t(blockIdx.x) * kMmaKeysPerStep * kMmaStepsPerBlock;
+  if (first >= len) return;  // uniform: keys past the length are never read
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int vecs_per_key = dim * 2 / 16;
+  copy_vectors(reinterpret_cast<uint4*>(q_s), reinterpret_cast<const uint4*>(q + b * heads * dim),
+               heads * vecs_per_key, heads * vecs_per_key);
+  for (int h = int(threadIdx.x); h < heads; h += kMmaThreads) w_s[h] = weights[b * heads + h];
+  const __nv_bfloat16* keys_b = keys + b * n * dim;
+  float* dots = dots_s + warp * heads * kMmaTile;
+  for (int step = 0; step < kMmaStepsPerBlock; ++step) {
+    const int64_t s0 = first + int64_t(step) * kMmaKeysPerStep;
+    if (s0 >= len) break;  // uniform
+    const int valid_keys = int(min(int64_t(kMmaKeysPerStep), len - s0));
+    __syncthreads();  // the previous step's keys are no longer read
+    copy_vectors(reinterpret_cast<uint4*>(keys_s), reinterpret_cast<const uint4*>(keys_b + s0 * dim),
+                 kMmaKeysPerStep * vecs_per_key, valid_keys * vecs_per_key);
+    __syncthreads();
+    // Dots [heads x 16 keys] of this warp: one accumulator per 16 heads.
+    for (int h0 = 0; h0 < heads; h0 += kMmaTile) {
+      wmma::fragment<wmma::accumulator, kMmaTile, kMmaTile, kMmaTile, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int d0 = 0; d0 < dim; d0 += kMmaTile) {
+        wmma::fragment<wmma::matrix_a, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::col_major> kb;
+        wmma::load_matrix_sync(a, q_s + h0 * dim + d0, dim);
+        wmma::load_matrix_sync(kb, keys_s + warp * kMmaTile * dim + d0, dim);
+        wmma::mma_sync(acc, a, kb, acc);
+      }
+      wmma::store_matrix_sync(dots + h0 * kMmaTile, acc, kMmaTile, wmma::mem_row_major);
+    }
+    __syncwarp();
+    const int64_t s = s0 + warp * kMmaTile + lane;
+    if (lane < kMmaTile && s < len) {
+      float score = 0.0f;
+      for (int h = 0; h < heads; ++h) {
+        score = __fadd_rn(score, __fmul_rn(w_s[h], indexer_relu(dots[h * kMmaTile + lane])));
+      }
+      scores[b * n + s] = score;
+    }
+    __syncwarp();  // dots are rewritten by the next step
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float widen(T v) {
+  return indexer_widen(v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kExactThreads)
+    indexer_scores_exact_kernel(const T* __restrict__ q, const T* __restrict__ keys,
+                                const float* __restrict__ weights, const int32_t* __restrict__ lengths,
+                                int heads, int64_t n, int dim, float* __restrict__ scores) {
+  const int64_t b = blockIdx.y;
+  const int64_t len = min(max(int64_t(__ldg(lengths + b)), int64_t(0)), n);
+  const int64_t s = int64_t(blockIdx.x) * kExactThreads + threadIdx.x;
+  if (s >= len) return;
+  const T* key = keys + (b * n + s) * dim;
+  const T* qb = q + b * heads * dim;
+  float score = 0.0f;
+  for (int h = 0; h < heads; ++h) {
+    float p[kIndexerLanes] = {};
+    for (int d0 = 0; d0 < dim; d0 += kIndexerLanes) {
+#pragma unroll
+      for (int j = 0; j < kIndexerLanes; ++j) {
+        if (d0 + j < dim) {
+          p[j] = __fadd_rn(p[j], __fmul_rn(widen(__ldg(qb + h * dim + d0 + j)), widen(key[d0 + j])));
+        }
+      }
+    }
+    const float dot = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3])),
+                                __fadd_rn(__fadd_rn(p[4], p[5]), __fadd_rn(p[6], p[7])));
+    score = __fadd_rn(score, __fmul_rn(__ldg(weights + b * heads + h), indexer_relu(dot)));
+  }
+  scores[b * n + s] = score;
+}
+
+struct IndexerPlan {
+  size_t scores = 0, topk = 0, topk_bytes = 0, total = 0;
+};
+
+IndexerPlan plan_indexer(int64_t batch, int64_t n, int64_t k) {
+  IndexerPlan p;
+  ScratchCursor cur;
+  p.scores = cur.take(size_t(batch * n) * sizeof(float));
+  p.topk_bytes = topk_scratch_bytes(DType::float32, batch, n, k);
+  p.topk = cur.take(p.topk_bytes);
+  p.total = cur.used;
+  return p;
+}
+
+}  // namespace
+
+size_t indexer_scratch_bytes(int64_t batch, int64_t n, int64_t k) { return plan_indexer(batch, n, k).total; }
+
+bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim) {
+  return dtype == DType::bfloat16 && heads % kMmaTile == 0 && dim % kMmaTile == 0 && heads > 0 && dim > 0 &&
+         mma_smem_bytes(heads, dim) <= 200 * 1024;
+}
+
+cudaError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
+                          const int32_t* lengths, int64_t batch, int64_t heads, int64_t n, int64_t dim, int64_t k,
+                          float* scores, int32_t* ids, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (!is_indexer_dtype(dtype) || batch < 0 || heads < 0 || dim < 0 || k < 0 || k > n || n > INT32_MAX ||
+      batch > 65535 || heads > INT32_MAX || dim > INT32_MAX) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch == 0 || k == 0) return cudaSuccess;
+  const IndexerPlan plan = plan_indexer(batch, n, k);
+  if (scratch_bytes < plan.total) return cudaErrorInvalidValue;
+  float* all_scores = at<float>(scratch, plan.scores);
+  if (indexer_uses_tensor_cores(dtype, heads, dim)) {
+    const size_t smem = mma_smem_bytes(heads, dim);
+    cudaError_t err = cudaFuncSetAttribute(indexer_scores_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(smem));
+    if (err != cudaSuccess) return err;
+    const int64_t per_block = int64_t(kMmaKeysPerStep) * kMmaStepsPerBlock;
+    const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned(batch));
+    indexer_scores_mma_kernel<<<grid, kMmaThreads, smem, stream>>>(
+        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(keys), weights, lengths, int(heads),
+        n, int(dim), all_scores);
+  } else {
+    const dim3 grid(unsigned((n + kExactThreads - 1) / kExactThreads), unsigned(batch));
+    if (dtype == DType::float32) {
+      indexer_scores_exact_kernel<float><<<grid, kExactThreads, 0, stream>>>(
+          static_cast<const float*>(q), static_cast<const float*>(keys), weights, lengths, int(heads), n, int(dim),
+          all_scores);
+    } else {
+      indexer_scores_exact_kernel<uint16_t><<<grid, kExactThreads, 0, stream>>>(
+          static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(keys), weights, lengths, int(heads), n,
+          int(dim), all_scores);
+    }
+  }
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return topk_rows(DType::float32, all_scores, scores, ids, batch, n, k, lengths, at<void>(scratch, plan.topk),
+                   plan.topk_bytes, stream);
+}
+
+}  // namespace jax_topk::cuda
