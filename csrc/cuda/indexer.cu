@@ -4,10 +4,12 @@
 // Two score kernels; which one runs depends on (dtype, heads, dim) only:
 // - indexer_scores_mma_kernel (bfloat16, heads and dim multiples of 16): a
 //   block takes one item's queries into shared memory once and scores a
-//   chunk of its keys, 64 at a time; each warp forms the [heads x 16 keys]
-//   dots on tensor cores (WMMA 16x16x16, float32 accumulators, dim in steps
-//   of 16 in increasing order), then one lane per key sums the heads in
-//   order. The MMA's rounding is the hardware's, the same for every call.
+//   chunk of its keys, 64 at a time (the next 64 prefetched into registers
+//   meanwhile); each warp forms [16 heads x 16 keys] dots on tensor cores
+//   (WMMA 16x16x16, float32 accumulators, dim in steps of 16 in increasing
+//   order), then one lane per key adds those heads to its score, tile after
+//   tile: heads in order. The MMA's rounding is the hardware's, the same for
+//   every call.
 // - indexer_scores_exact_kernel (any shape, float32 or bfloat16): one thread
 //   per key, the order of indexer.h with explicitly rounded products and sums
 //   (no FMA contraction): bit-identical to the CPU kernel.
@@ -32,21 +34,45 @@ constexpr int kMmaWarps = 4;          // 16 keys each
 constexpr int kMmaThreads = kMmaWarps * 32;
 constexpr int kMmaKeysPerStep = kMmaWarps * kMmaTile;
 constexpr int kMmaStepsPerBlock = 8;  // 512 keys per block: the queries are loaded once per 512 keys
+// Shared-memory rows of q and keys are padded by 16 bytes: with rows of
+// 256 bytes (dim 128) the 8 rows an 8x8 fragment load reads would share
+// their banks (ncu: 18.7M bank conflicts in 244 us); padded, none do.
+constexpr int kMmaRowPad = 8;
+// 16-byte vectors of one step's keys a thread keeps in flight (prefetched
+// into registers while the previous step computes): dim up to 256.
+constexpr int kMmaMaxVecsPerThread = kMmaKeysPerStep * 256 * 2 / 16 / kMmaThreads;
 constexpr int kExactThreads = 128;
 
-// Dynamic shared memory of the MMA kernel: the item's queries [heads][dim]
-// and one step's keys [64][dim] (bfloat16), each warp's dots [heads][16]
-// (float32) and the weights.
+// Dynamic shared memory of the MMA kernel: the item's queries [heads][dim +
+// pad] and one step's keys [64][dim + pad] (bfloat16), each warp's dots of one
+// 16-head tile [16][16] (float32) and the weights.
 size_t mma_smem_bytes(int64_t heads, int64_t dim) {
-  return size_t(heads * dim + kMmaKeysPerStep * dim) * 2 + size_t(kMmaWarps * heads * kMmaTile + heads) * 4;
+  return size_t((heads + kMmaKeysPerStep) * (dim + kMmaRowPad)) * 2 +
+         size_t(kMmaWarps * kMmaTile * kMmaTile + heads) * 4;
 }
 
-// Copies `count` 16-byte vectors with the whole block (dst in shared memory).
-__device__ __forceinline__ void copy_vectors(uint4* dst, const uint4* src, int count, int valid) {
-  for (int i = int(threadIdx.x); i < count; i += int(blockDim.x)) {
-    dst[i] = i < valid ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+// One step's keys [64][dim] from global memory into registers (zeros past
+// `valid` keys), then into shared memory rows of `stride` elements.
+struct KeyStep {
+  uint4 v[kMmaMaxVecsPerThread];
+  __device__ __forceinline__ void load(const __nv_bfloat16* src, int vecs_per_key, int valid_keys) {
+#pragma unroll
+    for (int j = 0; j < kMmaMaxVecsPerThread; ++j) {
+      const int i = j * kMmaThreads + int(threadIdx.x);
+      const bool in = i < kMmaKeysPerStep * vecs_per_key && i / vecs_per_key < valid_keys;
+      v[j] = in ? __ldg(reinterpret_cast<const uint4*>(src) + i) : make_uint4(0, 0, 0, 0);
+    }
   }
-}
+  __device__ __forceinline__ void store(__nv_bfloat16* dst, int vecs_per_key, int stride) const {
+#pragma unroll
+    for (int j = 0; j < kMmaMaxVecsPerThread; ++j) {
+      const int i = j * kMmaThreads + int(threadIdx.x);
+      if (i < kMmaKeysPerStep * vecs_per_key) {
+        *reinterpret_cast<uint4*>(dst + (i / vecs_per_key) * stride + (i % vecs_per_key) * 8) = v[j];
+      }
+    }
+  }
+};
 
 __global__ void __launch_bounds__(kMmaThreads)
     indexer_scores_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ keys,
@@ -54,52 +80,61 @@ __global__ void __launch_bounds__(kMmaThreads)
                               int64_t n, int dim, float* __restrict__ scores) {
   using namespace nvcuda;
   extern __shared__ uint4 indexer_smem[];
+  const int stride = dim + kMmaRowPad;
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(indexer_smem);
-  __nv_bfloat16* keys_s = q_s + heads * dim;
-  float* dots_s = reinterpret_cast<float*>(keys_s + kMmaKeysPerStep * dim);
-  float* w_s = dots_s + kMmaWarps * heads * kMmaTile;
+  __nv_bfloat16* keys_s = q_s + heads * stride;
+  float* dots_s = reinterpret_cast<float*>(keys_s + kMmaKeysPerStep * stride);
+  float* w_s = dots_s + kMmaWarps * kMmaTile * kMmaTile;
   const int64_t b = blockIdx.y;
   const int64_t len = min(max(int64_t(__ldg(lengths + b)), int64_t(0)), n);
   const int64_t first = int64_t(blockIdx.x) * kMmaKeysPerStep * kMmaStepsPerBlock;
   if (first >= len) return;  // uniform: keys past the length are never read
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int vecs_per_key = dim * 2 / 16;
-  copy_vectors(reinterpret_cast<uint4*>(q_s), reinterpret_cast<const uint4*>(q + b * heads * dim),
-               heads * vecs_per_key, heads * vecs_per_key);
-  for (int h = int(threadIdx.x); h < heads; h += kMmaThreads) w_s[h] = weights[b * heads + h];
   const __nv_bfloat16* keys_b = keys + b * n * dim;
-  float* dots = dots_s + warp * heads * kMmaTile;
+  auto valid_keys = [&](int64_t s0) { return int(min(int64_t(kMmaKeysPerStep), max(len - s0, int64_t(0)))); };
+  KeyStep next;
+  next.load(keys_b + first * dim, vecs_per_key, valid_keys(first));
+  const uint4* q_src = reinterpret_cast<const uint4*>(q + b * heads * dim);
+  for (int i = int(threadIdx.x); i < heads * vecs_per_key; i += kMmaThreads) {
+    *reinterpret_cast<uint4*>(q_s + (i / vecs_per_key) * stride + (i % vecs_per_key) * 8) = __ldg(q_src + i);
+  }
+  for (int h = int(threadIdx.x); h < heads; h += kMmaThreads) w_s[h] = weights[b * heads + h];
+  float* dots = dots_s + warp * kMmaTile * kMmaTile;
   for (int step = 0; step < kMmaStepsPerBlock; ++step) {
     const int64_t s0 = first + int64_t(step) * kMmaKeysPerStep;
     if (s0 >= len) break;  // uniform
-    const int valid_keys = int(min(int64_t(kMmaKeysPerStep), len - s0));
     __syncthreads();  // the previous step's keys are no longer read
-    copy_vectors(reinterpret_cast<uint4*>(keys_s), reinterpret_cast<const uint4*>(keys_b + s0 * dim),
-                 kMmaKeysPerStep * vecs_per_key, valid_keys * vecs_per_key);
+    next.store(keys_s, vecs_per_key, stride);
     __syncthreads();
-    // Dots [heads x 16 keys] of this warp: one accumulator per 16 heads.
+    const int64_t s1 = s0 + kMmaKeysPerStep;
+    if (step + 1 < kMmaStepsPerBlock && s1 < len) next.load(keys_b + s1 * dim, vecs_per_key, valid_keys(s1));
+    // Per 16-head tile: the dots [16 heads x this warp's 16 keys] on tensor
+    // cores, then lane j < 16 adds the tile's heads to key j's score, in
+    // head order.
+    float score = 0.0f;
     for (int h0 = 0; h0 < heads; h0 += kMmaTile) {
       wmma::fragment<wmma::accumulator, kMmaTile, kMmaTile, kMmaTile, float> acc;
       wmma::fill_fragment(acc, 0.0f);
       for (int d0 = 0; d0 < dim; d0 += kMmaTile) {
         wmma::fragment<wmma::matrix_a, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::row_major> a;
         wmma::fragment<wmma::matrix_b, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::col_major> kb;
-        wmma::load_matrix_sync(a, q_s + h0 * dim + d0, dim);
-        wmma::load_matrix_sync(kb, keys_s + warp * kMmaTile * dim + d0, dim);
+        wmma::load_matrix_sync(a, q_s + h0 * stride + d0, stride);
+        wmma::load_matrix_sync(kb, keys_s + warp * kMmaTile * stride + d0, stride);
         wmma::mma_sync(acc, a, kb, acc);
       }
-      wmma::store_matrix_sync(dots + h0 * kMmaTile, acc, kMmaTile, wmma::mem_row_major);
-    }
-    __syncwarp();
-    const int64_t s = s0 + warp * kMmaTile + lane;
-    if (lane < kMmaTile && s < len) {
-      float score = 0.0f;
-      for (int h = 0; h < heads; ++h) {
-        score = __fadd_rn(score, __fmul_rn(w_s[h], indexer_relu(dots[h * kMmaTile + lane])));
+      wmma::store_matrix_sync(dots, acc, kMmaTile, wmma::mem_row_major);
+      __syncwarp();
+      if (lane < kMmaTile) {
+#pragma unroll
+        for (int h = 0; h < kMmaTile; ++h) {
+          score = __fadd_rn(score, __fmul_rn(w_s[h0 + h], indexer_relu(dots[h * kMmaTile + lane])));
+        }
       }
-      scores[b * n + s] = score;
+      __syncwarp();  // dots are rewritten by the next tile
     }
-    __syncwarp();  // dots are rewritten by the next step
+    const int64_t s = s0 + warp * kMmaTile + lane;
+    if (lane < kMmaTile && s < len) scores[b * n + s] = score;
   }
 }
 
@@ -157,7 +192,7 @@ size_t indexer_scratch_bytes(int64_t batch, int64_t n, int64_t k) { return plan_
 
 bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim) {
   return dtype == DType::bfloat16 && heads % kMmaTile == 0 && dim % kMmaTile == 0 && heads > 0 && dim > 0 &&
-         mma_smem_bytes(heads, dim) <= 200 * 1024;
+         dim <= 256 && mma_smem_bytes(heads, dim) <= 200 * 1024;
 }
 
 cudaError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
