@@ -21,6 +21,8 @@
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
 #   sharded    (2+ GPUs) tests/test_sharding.py on the GPUs, and benchmarks/sharded.py: row- and
 #              axis-sharded top_k over every GPU against one
+#   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
+#              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -125,6 +127,9 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
     sharded)
       step tests_sharded 300 pytest -q -p no:warnings -p no:cacheprovider tests/test_sharding.py
       step bench_sharded 300 python3 benchmarks/sharded.py --out "$OUT" ;;
+    indexer)
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_indexer 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py
+      step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done
