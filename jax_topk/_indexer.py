@@ -26,7 +26,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_topk import _checks, _compat, _registry
+from jax_topk import _checks, _compat, _registry, _sharding
 from jax_topk._topk import top_k
 
 
@@ -57,14 +57,25 @@ def composition(q, keys, weights, lengths, *, k):
 indexer_p = Primitive("jax_topk_indexer")
 indexer_p.multiple_results = True
 indexer_p.def_impl(functools.partial(_compat.apply_primitive, indexer_p))
+# The kernel call itself; indexer_p lowers to it, partitioned over the batch
+# across devices (_sharding.batch_partitioned_lowering).
+indexer_local_p = Primitive("jax_topk_indexer_local")
+indexer_local_p.multiple_results = True
 
 
 def _abstract_eval(q, keys, weights, lengths, *, k):
     shape = (q.shape[0], k)
-    return (jax.core.ShapedArray(shape, jnp.float32), jax.core.ShapedArray(shape, jnp.int32))
+    sharding = getattr(q, "sharding", None)
+    extra = {}
+    if sharding is not None and hasattr(sharding, "update"):
+        extra = {"sharding": sharding.update(spec=jax.sharding.PartitionSpec(
+            _sharding.padded_spec(sharding, 1)[0], None))}
+    return (q.update(shape=shape, dtype=jnp.float32, weak_type=False, **extra),
+            q.update(shape=shape, dtype=jnp.int32, weak_type=False, **extra))
 
 
 indexer_p.def_abstract_eval(_abstract_eval)
+indexer_local_p.def_abstract_eval(_abstract_eval)
 
 
 def _batch(args, dims, *, k):
@@ -113,9 +124,11 @@ def _kernel_lowering(platform: str):
 
 batching.primitive_batchers[indexer_p] = _batch
 ad.primitive_jvps[indexer_p] = _jvp
-mlir.register_lowering(indexer_p, _fallback_lowering)
+_sharding.register(indexer_p, _sharding.batch_partitioned_lowering(
+    indexer_local_p, operand_factors=("b h d", "b n d", "b h", "b"), result_factors=("b k", "b k")))
+mlir.register_lowering(indexer_local_p, _fallback_lowering)
 for _platform in _registry.platforms():
-    mlir.register_lowering(indexer_p, _kernel_lowering(_platform), platform=_platform)
+    mlir.register_lowering(indexer_local_p, _kernel_lowering(_platform), platform=_platform)
 
 
 def indexer_top_k(q: jax.Array, keys: jax.Array, weights: jax.Array, k: int, *,

@@ -1,6 +1,6 @@
 """How the primitives partition under ``jit`` with sharded inputs.
 
-Each public primitive (``top_k``, ``sort``, ``route``) has a LOCAL twin that
+Each public primitive (``top_k``, ``sort``, ``route``, ``indexer``) has a LOCAL twin that
 lowers straight to the kernel (or the pure-JAX fallback). The public one
 lowers to the local one when the computation runs as one program (one device,
 or inside ``shard_map``, where every mesh axis is manual); across devices it
@@ -19,6 +19,9 @@ lowers to a ``custom_partitioning`` call whose rules are here:
     computes the whole row (a sort's output has every element of the row;
     routing's softmax normaliser and expert groups span the row).
   The outputs' last axis is never sharded.
+- ``indexer`` (q, keys, weights, lengths, all leading with the batch): the
+  batch axis is partitioned, every other axis gathered
+  (``batch_partitioned_lowering``).
 
 Sharding propagation: a Shardy rule (every leading axis is one factor shared by
 operands and results; the outputs' last axis needs replication), or, with
@@ -182,6 +185,55 @@ def partitioned_lowering(
         call = custom_partitioning(lambda *ops: bind_local(*ops, **params))
         call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                            need_replication_factors=("m",))
+        return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
+
+    return lowering
+
+
+def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[str],
+                               result_factors: Sequence[str]) -> Callable:
+    """The lowering of a public primitive whose operands and results all lead
+    with one batch axis ``b`` (the indexer: q, keys, weights, lengths ->
+    scores, ids), over its local twin ``local``. The batch axis is the only
+    one partitioned: each device runs the local kernel on its items, outputs
+    sharded like them, no collective; any other sharded axis is gathered.
+
+    ``operand_factors`` / ``result_factors``: each array's axes as Shardy
+    factor names, ``"b"`` first, e.g. ``"b h d"`` (equal names: equal sizes).
+    """
+
+    def bind_local(*operands, **params):
+        return tuple(local.bind(*operands, **params))
+
+    def lowering(ctx, *operands, **params):
+        run_local = mlir.lower_fun(lambda *ops: bind_local(*ops, **params), multiple_results=True)
+        if not _is_partitioned(ctx):
+            return run_local(ctx, *operands)
+
+        def shardings_for(mesh, arg_shapes):
+            first = arg_shapes[0].sharding
+            batch = padded_spec(first, 1)[0] if isinstance(first, NamedSharding) else None
+            args = tuple(NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(f.split()) - 1))))
+                         for f in operand_factors)
+            outs = tuple(NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(f.split()) - 1))))
+                         for f in result_factors)
+            return args, outs
+
+        def partition(mesh, arg_shapes, result_shape):
+            args, outs = shardings_for(mesh, arg_shapes)
+            return mesh, lambda *ops: bind_local(*ops, **params), outs, args
+
+        def infer(mesh, arg_shapes, result_shape):
+            return shardings_for(mesh, arg_shapes)[1]
+
+        # Every factor but the batch needs replication, named in the order of
+        # first appearance (Shardy wants the special factors' indices sorted).
+        names = [name for f in (*operand_factors, *result_factors) for name in f.split()]
+        factors = tuple(dict.fromkeys(name for name in names if name != "b"))
+        rule = ", ".join(operand_factors) + " -> " + ", ".join(result_factors)
+        call = custom_partitioning(lambda *ops: bind_local(*ops, **params))
+        call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                           need_replication_factors=factors)
         return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
 
     return lowering

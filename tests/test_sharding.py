@@ -231,6 +231,48 @@ def test_route_with_a_per_token_bias(mesh, rng):
     assert collectives(hlo) == []
 
 
+def indexer_inputs(rng, b=8, h=4, n=40, d=8):
+    q = rng.standard_normal((b, h, d)).astype(np.float32)
+    keys = rng.standard_normal((b, n, d)).astype(np.float32)
+    w = rng.standard_normal((b, h)).astype(np.float32)
+    lengths = rng.integers(0, n + 1, size=b).astype(np.int32)
+    return q, keys, w, lengths
+
+
+@pytest.mark.parametrize("shardy", [True, False])
+@pytest.mark.parametrize("batch_spec", ["rows", ("rows", "cols")], ids=str)
+def test_indexer_batch_sharded_no_collective(shardy, batch_spec, mesh, rng):
+    arrays = indexer_inputs(rng)
+    fn = jax.jit(lambda q, keys, w, n: jax_topk.indexer_top_k(q, keys, w, 6, lengths=n))
+    placed = [jax.device_put(a, NamedSharding(mesh, P(batch_spec))) for a in arrays]
+    previous = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", shardy)
+    try:
+        got = fn(*placed)
+        hlo = compiled_text(fn, *placed)
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", previous)
+    with jax.default_device(mesh.devices.flat[0]):
+        want = fn(*[jnp.asarray(a) for a in arrays])
+    assert_same(got, want, f"indexer {batch_spec}")
+    assert collectives(hlo) == [], collectives(hlo)
+    assert got[0].sharding.spec[0] == batch_spec
+
+
+def test_indexer_with_sharded_keys_axis_and_in_shard_map(mesh, rng):
+    # Keys sharded along N (or D): gathered, same result; and inside shard_map.
+    q, keys, w, lengths = indexer_inputs(rng)
+    fn = lambda q_, k_, w_, n_: jax_topk.indexer_top_k(q_, k_, w_, 6, lengths=n_)  # noqa: E731
+    with jax.default_device(mesh.devices.flat[0]):
+        want = jax.jit(fn)(*[jnp.asarray(a) for a in (q, keys, w, lengths)])
+    for spec in (P("rows", "cols"), P(None, None, "cols")):
+        got = jax.jit(fn)(q, jax.device_put(keys, NamedSharding(mesh, spec)), w, lengths)
+        assert_same(got, want, f"keys {spec}")
+    body = jax.shard_map(fn, mesh=mesh, in_specs=P("rows"), out_specs=P("rows"))
+    placed = [jax.device_put(a, NamedSharding(mesh, P("rows"))) for a in (q, keys, w, lengths)]
+    assert_same(jax.jit(body)(*placed), want, "shard_map body")
+
+
 @pytest.mark.parametrize("shardy", [True, False])
 def test_both_partitioners(shardy, mesh, rng):
     x = make_input("ties", (8, 32), "float32", rng)
