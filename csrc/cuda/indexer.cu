@@ -155,11 +155,6 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 template <typename T>
-__device__ __forceinline__ float widen(T v) {
-  return indexer_widen(v);
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kExactThreads)
     indexer_scores_exact_kernel(const T* __restrict__ q, const T* __restrict__ keys,
                                 const float* __restrict__ weights, const int32_t* __restrict__ lengths,
@@ -177,7 +172,7 @@ __global__ void __launch_bounds__(kExactThreads)
 #pragma unroll
       for (int j = 0; j < kIndexerLanes; ++j) {
         if (d0 + j < dim) {
-          p[j] = __fadd_rn(p[j], __fmul_rn(widen(__ldg(qb + h * dim + d0 + j)), widen(key[d0 + j])));
+          p[j] = __fadd_rn(p[j], __fmul_rn(indexer_widen(__ldg(qb + h * dim + d0 + j)), indexer_widen(key[d0 + j])));
         }
       }
     }

@@ -249,6 +249,42 @@ __device__ uint32_t block_exclusive_sum(uint32_t v, uint32_t* warp_totals) {
   return result;
 }
 
+// The bucket of a radix-select pass: from a histogram walked from the top
+// bin, the bin holding the k_left-th largest element.
+struct DigitPick {
+  uint32_t digit;  // the bin
+  uint32_t above;  // elements in the bins above it
+  uint32_t count;  // elements in it
+};
+
+// One warp (every lane calls it, lane = lane_id()) picks the bin of the
+// k_left-th largest element of hist[0:kBins) (1 <= k_left <= the total)
+// and writes it to *pick: lane l sums kBins / 32 bins from the top, a warp
+// scan finds the lane holding it, that lane walks its bins.
+template <int kBins>
+__device__ JAX_TOPK_FORCE_INLINE void warp_pick_digit(const uint32_t* hist, uint32_t k_left, DigitPick* pick) {
+  static_assert(kBins % kWarpSize == 0, "whole bins per lane");
+  constexpr int kPer = kBins / kWarpSize;
+  const int lane = lane_id();
+  const int top = kBins - 1 - lane * kPer;
+  uint32_t mine = 0;
+JAX_TOPK_UNROLL
+  for (int j = 0; j < kPer; ++j) mine += hist[top - j];
+  const uint32_t incl = warp_inclusive_sum(mine, lane);
+  const uint32_t above = incl - mine;
+  if (above < k_left && k_left <= incl) {
+    uint32_t acc = above;
+    for (int j = 0; j < kPer; ++j) {
+      const uint32_t c = hist[top - j];
+      if (acc + c >= k_left) {
+        *pick = DigitPick{uint32_t(top - j), acc, c};
+        break;
+      }
+      acc += c;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------
 template <typename U>
 union Vec16 {

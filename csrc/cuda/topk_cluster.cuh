@@ -76,9 +76,7 @@ enum ClusterPhase : int {
 };
 
 struct ClusterTopkShared {
-  uint32_t digit;         // the pass's chosen digit
-  uint32_t above;         // elements of the cluster above it (in this pass)
-  uint32_t bucket_count;  // elements of the cluster in its bucket
+  DigitPick pick;  // the pass's bucket over the cluster's histogram
   uint32_t above_of[kClusterMaxBlocks];   // per block: elements above the chosen buckets
   uint32_t bucket_of[kClusterMaxBlocks];  // per block: elements in the last chosen bucket
   BlockRankShared<kClusterThreads> rank;
@@ -122,33 +120,6 @@ JAX_TOPK_UNROLL
 template <typename U>
 __device__ JAX_TOPK_FORCE_INLINE bool key_matches_prefix(uint32_t key, uint32_t prefix, int shift) {
   return shift >= int(sizeof(U) * 8) || (key >> shift) == (prefix >> shift);
-}
-
-// Warp 0 picks the digit of the k_left-th largest from the cluster's
-// histogram `totals` (kClusterBins counts): lane l owns 8 bins from the top.
-__device__ JAX_TOPK_FORCE_INLINE void cluster_pick_digit(const uint32_t* totals, uint32_t k_left,
-                                                         ClusterTopkShared& ss) {
-  constexpr int kPer = kClusterBins / kWarpSize;
-  const int lane = lane_id();
-  const int top = kClusterBins - 1 - lane * kPer;
-  uint32_t mine = 0;
-JAX_TOPK_UNROLL
-  for (int j = 0; j < kPer; ++j) mine += totals[top - j];
-  const uint32_t incl = warp_inclusive_sum(mine, lane);
-  const uint32_t above = incl - mine;
-  if (above < k_left && k_left <= incl) {
-    uint32_t acc = above;
-    for (int j = 0; j < kPer; ++j) {
-      const uint32_t c = totals[top - j];
-      if (acc + c >= k_left) {
-        ss.digit = uint32_t(top - j);
-        ss.above = acc;
-        ss.bucket_count = c;
-        break;
-      }
-      acc += c;
-    }
-  }
 }
 
 // Calls f(key, i) for every key of keys[0:count), thread by thread in
@@ -251,9 +222,9 @@ JAX_TOPK_UNROLL
         hist[((pass + 1) & 1) * kClusterBins + tid] = 0;
       }
       __syncthreads();
-      if (tid < kWarpSize) cluster_pick_digit(totals, k_left, ss);
+      if (tid < kWarpSize) warp_pick_digit<kClusterBins>(totals, k_left, &ss.pick);
       __syncthreads();
-      const uint32_t digit = ss.digit;
+      const uint32_t digit = ss.pick.digit;
       if (tid < kClusterBins) {
         // Each block's elements above the chosen digit: one sum per warp
         // of bins and block.
@@ -266,9 +237,9 @@ JAX_TOPK_UNROLL
         }
       }
       prefix |= digit << low;
-      k_left -= ss.above;
+      k_left -= ss.pick.above;
       shift = low;
-      whole_bucket = ss.bucket_count == k_left;
+      whole_bucket = ss.pick.count == k_left;
       timer.mark(kClusterPhaseSelect);
       if (whole_bucket) break;  // uniform
     }

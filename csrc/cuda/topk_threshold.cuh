@@ -98,7 +98,7 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int threshold_select_shift(int hs) {
 
 struct ThresholdShared {
   unsigned long long lo, hi, t_min;
-  uint32_t digit, above, count;
+  DigitPick pick;
   uint32_t candidates;
 };
 
@@ -198,37 +198,15 @@ __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, 
       }
     }
     __syncthreads();
-    if (tid < kWarpSize) {
-      // Lane l owns bins [256 - 8(l+1), 256 - 8l), walked from the top.
-      constexpr int kPer = kThresholdSelectBins / kWarpSize;
-      const int top = kThresholdSelectBins - 1 - tid * kPer;
-      uint32_t mine = 0;
-JAX_TOPK_UNROLL
-      for (int j = 0; j < kPer; ++j) mine += h[top - j];
-      const uint32_t incl = warp_inclusive_sum(mine, tid);  // tid < kWarpSize: the lane
-      const uint32_t above = incl - mine;
-      if (above < k_left && k_left <= incl) {
-        uint32_t acc = above;
-        for (int j = 0; j < kPer; ++j) {
-          const uint32_t c = h[top - j];
-          if (acc + c >= k_left) {
-            ts.digit = uint32_t(top - j);
-            ts.above = acc;
-            ts.count = c;
-            break;
-          }
-          acc += c;
-        }
-      }
-    }
+    if (tid < kWarpSize) warp_pick_digit<kThresholdSelectBins>(h, k_left, &ts.pick);
     __syncthreads();
     // Everybody reads ts before the next pass's first barrier; the next write
     // to it comes after that barrier. (With shift == 0 and hs < 8 the digit
     // also holds common bits, already in prefix.)
-    prefix |= uint64_t(ts.digit) << shift;
-    k_left -= ts.above;
+    prefix |= uint64_t(ts.pick.digit) << shift;
+    k_left -= ts.pick.above;
     hs = shift;
-    if (ts.count == k_left || shift == 0) break;  // uniform
+    if (ts.pick.count == k_left || shift == 0) break;  // uniform
   }
   // Every element of the chosen bucket is among the k largest: the k-th
   // largest is its minimum.
