@@ -100,6 +100,16 @@ inline ffi::Error check_lengths_count(const char* op, const ffi::Buffer<ffi::S32
                                      " elements, expected one per row (" + std::to_string(rows) + ")");
 }
 
+// Lengths under the one rule every op follows, the sequence mask
+// arange(n) < lengths: each clamped to [0, n] (a length <= 0 selects nothing,
+// >= n the whole row). The CPU kernels take them clamped.
+inline std::vector<int32_t> clamped_lengths(const ffi::Buffer<ffi::S32>& lengths, int64_t rows, int64_t n) {
+  const int32_t* l = lengths.typed_data();
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) out[r] = int32_t(std::clamp<int64_t>(l[r], 0, n));
+  return out;
+}
+
 // A row op's decoded operands: its geometry and, when given, its lengths under
 // the one rule every op follows, the sequence mask arange(n) < lengths (a
 // length <= 0 selects nothing, >= n the whole row).
@@ -116,11 +126,7 @@ inline ffi::Error decode_rows(const char* op, const ffi::AnyBuffer& x, const ffi
   if (auto err = row_geometry(op, x, values, out_len, &call->g); err.failure()) return err;
   if (lengths == nullptr) return ffi::Error::Success();
   if (auto err = check_lengths_count(op, *lengths, call->g.rows); err.failure()) return err;
-  const int32_t* l = lengths->typed_data();
-  call->lengths.resize(call->g.rows);
-  for (int64_t r = 0; r < call->g.rows; ++r) {
-    call->lengths[r] = int32_t(std::clamp<int64_t>(l[r], 0, call->g.n));
-  }
+  call->lengths = clamped_lengths(*lengths, call->g.rows, call->g.n);
   return ffi::Error::Success();
 }
 

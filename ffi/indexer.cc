@@ -4,7 +4,6 @@
 // first lengths[b] keys of each item (the sequence-mask rule), then takes the
 // top k of each row of scores with the top_k kernel.
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -79,8 +78,7 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
                        ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k) {
   IndexerGeometry g;
   if (auto err = decode_indexer(q, keys, weights, lengths, *scores, *ids, k, &g); err.failure()) return err;
-  std::vector<int32_t> clamped(size_t(g.batch));
-  for (int64_t b = 0; b < g.batch; ++b) clamped[b] = int32_t(std::clamp<int64_t>(lengths.typed_data()[b], 0, g.n));
+  const std::vector<int32_t> clamped = ffi_util::clamped_lengths(lengths, g.batch, g.n);
   std::vector<float> all_scores(size_t(g.batch * g.n), 0.0f);
   ffi_util::XlaThreadPoolRunner runner(pool);
   cpu::indexer_scores(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(), g.batch, g.heads, g.n,
@@ -111,32 +109,28 @@ ffi::Error indexer_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer ke
 }
 #endif
 
+// The signature both platforms share, before the CUDA workspace and the
+// attribute: q, keys, weights f32, lengths s32 -> scores f32, ids s32. (One
+// expression: Binding has no public move, so the chain is returned as a
+// prvalue.)
+template <typename Context>
+auto indexer_binding() {
+  return ffi::Ffi::Bind().Ctx<Context>().template Arg<ffi::AnyBuffer>().template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::F32>>().template Arg<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::F32>>().template Ret<ffi::Buffer<ffi::S32>>();
+}
+
 }  // namespace
 }  // namespace jax_topk
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("k"));
+                              jax_topk::indexer_binding<ffi::ThreadPool>().Attr<int64_t>("k"));
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_CUDA)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCuda, jax_topk::indexer_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
+                              jax_topk::indexer_binding<ffi::PlatformStream<cudaStream_t>>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
