@@ -17,9 +17,7 @@ Writes ``<out>/<device>-indexer.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 
 import jax
@@ -109,12 +107,7 @@ def main(argv=None) -> int:
     result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
               "batch": args.batch, "heads": args.heads, "dim": args.dim, "k": args.k, "dtype": "bfloat16",
               "repeats": args.repeats, "cases": cases}
-    os.makedirs(args.out, exist_ok=True)
-    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    path = os.path.join(args.out, f"{device}-indexer.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {path}")
+    print(f"wrote {_bench.write_result(result, args.out, '-indexer')}.json")
     return 0
 
 

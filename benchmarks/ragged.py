@@ -13,9 +13,7 @@ list, which pads too). All give the same values and indices. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 
 import jax
@@ -78,12 +76,7 @@ def main(argv=None) -> int:
         print(f"{name:>24}: {t:9.1f} us {clocks[name]}, {wall[name]:9.1f} us wall   ({t / ours:6.1f}x the lengths= call)")
     print(f"one top_k(..., lengths=) call: {result['speedup_vs_per_row_loop']:.0f}x faster than the per-row loop, "
           f"{result['speedup_vs_padded_lax']:.1f}x faster than one padded lax.top_k")
-    os.makedirs(args.out, exist_ok=True)
-    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    path = os.path.join(args.out, f"{device}-ragged.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {path}")
+    print(f"wrote {_bench.write_result(result, args.out, '-ragged')}.json")
     return 0
 
 

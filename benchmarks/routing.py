@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import re
 import sys
 
 import jax
@@ -111,11 +109,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['config']:>12}: {r['speedup']:.1f}x faster than the composition, "
               f"{100 * r['floor_fraction']:.0f}% of the floor")
-    os.makedirs(args.out, exist_ok=True)
-    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    stem = os.path.join(args.out, f"{device}-routing")
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
+    stem = _bench.write_result(result, args.out, "-routing")
     print(f"wrote {stem}.json" + (f" and {stem}.png" if run.plot(result, stem + ".png") else ""))
     return 0
 

@@ -13,9 +13,7 @@ graph timed with events. Writes ``<out>/<device>[-sort].json`` and ``.png``
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
 import sys
 
@@ -178,11 +176,7 @@ def main(argv=None) -> int:
         if f"geomean_speedup_vs_{anchor}" in result:
             print(f"vs {anchor}: geomean {result[f'geomean_speedup_vs_{anchor}']:.2f}x, "
                   f"min {result[f'min_speedup_vs_{anchor}']:.2f}x")
-    os.makedirs(args.out, exist_ok=True)
-    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
-    stem = os.path.join(args.out, device + ("-sort" if args.op == "sort" else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
+    stem = _bench.write_result(result, args.out, "-sort" if args.op == "sort" else "")
     print(f"wrote {stem}.json" + (f" and {stem}.png" if plot(result, stem + ".png") else ""))
     return 0
 

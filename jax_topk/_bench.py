@@ -21,7 +21,9 @@ wall clock is the headline.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -299,6 +301,18 @@ def device_name() -> str:
 
         return f"cpu-{platform.machine()}-{os.cpu_count()}cores"
     return d.device_kind
+
+
+def write_result(result: dict, out_dir: str, suffix: str = "") -> str:
+    """Writes ``result`` as ``<out_dir>/<device><suffix>.json`` (the device
+    from ``result["device"]``, lower case, dashes) and returns the path
+    without ``.json`` (plots go beside it)."""
+    os.makedirs(out_dir, exist_ok=True)
+    device = re.sub(r"[^a-z0-9]+", "-", result["device"].lower()).strip("-")
+    stem = os.path.join(out_dir, device + suffix)
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+    return stem
 
 
 def format_table(result: dict) -> str:

@@ -116,6 +116,34 @@ ROWS = "rows"  # one per row, ``[...]`` (lengths): sharded like its rows
 SHARED = "shared"  # the same for every row (a bias per expert, or none): replicated
 
 
+# What a partitioning rule gives the shared lowering: the custom_partitioning
+# partition and infer callbacks, the Shardy rule and its factors that need
+# replication.
+PartitionPlan = tuple[Callable, Callable, str, tuple[str, ...]]
+
+
+def _lowering_over_local(local: Primitive, plan: Callable[..., PartitionPlan]) -> Callable:
+    """The lowering of a public primitive over its local twin ``local``: the
+    local kernel itself on one device or in a ``shard_map`` body, else a
+    ``custom_partitioning`` call built from ``plan(avals_in, bind_local,
+    params)``."""
+
+    def bind_local(*operands, **params):
+        return tuple(local.bind(*operands, **params))
+
+    def lowering(ctx, *operands, **params):
+        bind = lambda *ops: bind_local(*ops, **params)  # noqa: E731
+        if not _is_partitioned(ctx):
+            return mlir.lower_fun(bind, multiple_results=True)(ctx, *operands)
+        partition, infer, rule, replicated = plan(ctx.avals_in, bind_local, params)
+        call = custom_partitioning(bind)
+        call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                           need_replication_factors=replicated)
+        return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
+
+    return lowering
+
+
 def partitioned_lowering(
     local: Primitive,
     *,
@@ -130,16 +158,8 @@ def partitioned_lowering(
     sharded; None gathers that axis first.
     """
 
-    def bind_local(*operands, **params):
-        return tuple(local.bind(*operands, **params))
-
-    def lowering(ctx, *operands, **params):
-        run_local = mlir.lower_fun(lambda *ops: bind_local(*ops, **params), multiple_results=True)
-        if not _is_partitioned(ctx):
-            return run_local(ctx, *operands)
-        avals_in = ctx.avals_in
+    def plan(avals_in, bind_local, params) -> PartitionPlan:
         ndim = avals_in[0].ndim
-
         operand_roles = list(roles(avals_in))
 
         def operand_specs(x_spec):
@@ -182,12 +202,9 @@ def partitioned_lowering(
 
         rule = (", ".join(factors(r, a) for r, a in zip(operand_roles, avals_in))
                 + f" -> {rows} m, {rows} m")
-        call = custom_partitioning(lambda *ops: bind_local(*ops, **params))
-        call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                           need_replication_factors=("m",))
-        return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
+        return partition, infer, rule, ("m",)
 
-    return lowering
+    return _lowering_over_local(local, plan)
 
 
 def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[str],
@@ -201,23 +218,21 @@ def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[st
     ``operand_factors`` / ``result_factors``: each array's axes as Shardy
     factor names, ``"b"`` first, e.g. ``"b h d"`` (equal names: equal sizes).
     """
+    # Every factor but the batch needs replication, named in the order of
+    # first appearance (Shardy wants the special factors' indices sorted).
+    names = [name for f in (*operand_factors, *result_factors) for name in f.split()]
+    replicated = tuple(dict.fromkeys(name for name in names if name != "b"))
+    rule = ", ".join(operand_factors) + " -> " + ", ".join(result_factors)
 
-    def bind_local(*operands, **params):
-        return tuple(local.bind(*operands, **params))
-
-    def lowering(ctx, *operands, **params):
-        run_local = mlir.lower_fun(lambda *ops: bind_local(*ops, **params), multiple_results=True)
-        if not _is_partitioned(ctx):
-            return run_local(ctx, *operands)
-
+    def plan(avals_in, bind_local, params) -> PartitionPlan:
         def shardings_for(mesh, arg_shapes):
             first = arg_shapes[0].sharding
             batch = padded_spec(first, 1)[0] if isinstance(first, NamedSharding) else None
-            args = tuple(NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(f.split()) - 1))))
-                         for f in operand_factors)
-            outs = tuple(NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(f.split()) - 1))))
-                         for f in result_factors)
-            return args, outs
+
+            def batch_only(factors):  # sharded along the batch, every other axis whole
+                return NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(factors.split()) - 1))))
+
+            return tuple(map(batch_only, operand_factors)), tuple(map(batch_only, result_factors))
 
         def partition(mesh, arg_shapes, result_shape):
             args, outs = shardings_for(mesh, arg_shapes)
@@ -226,17 +241,9 @@ def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[st
         def infer(mesh, arg_shapes, result_shape):
             return shardings_for(mesh, arg_shapes)[1]
 
-        # Every factor but the batch needs replication, named in the order of
-        # first appearance (Shardy wants the special factors' indices sorted).
-        names = [name for f in (*operand_factors, *result_factors) for name in f.split()]
-        factors = tuple(dict.fromkeys(name for name in names if name != "b"))
-        rule = ", ".join(operand_factors) + " -> " + ", ".join(result_factors)
-        call = custom_partitioning(lambda *ops: bind_local(*ops, **params))
-        call.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule,
-                           need_replication_factors=factors)
-        return mlir.lower_fun(lambda *ops: tuple(call(*ops)), multiple_results=True)(ctx, *operands)
+        return partition, infer, rule, replicated
 
-    return lowering
+    return _lowering_over_local(local, plan)
 
 
 def register(public: Primitive, lowering: Callable) -> None:
