@@ -7,7 +7,7 @@ gives the same). See ``jax_topk.info()`` for what is compiled here.
 
 from __future__ import annotations
 
-from jax_topk import routing
+from jax_topk import nsa, routing
 from jax_topk._indexer import indexer_top_k
 from jax_topk._info import info
 from jax_topk._ragged import ragged_sort, ragged_top_k
@@ -15,4 +15,4 @@ from jax_topk._sort import argsort, sort
 from jax_topk._topk import top_k
 from jax_topk._version import __version__
 
-__all__ = ["__version__", "argsort", "indexer_top_k", "info", "ragged_sort", "ragged_top_k", "routing", "sort", "top_k"]
+__all__ = ["__version__", "argsort", "indexer_top_k", "info", "nsa", "ragged_sort", "ragged_top_k", "routing", "sort", "top_k"]

@@ -1,0 +1,431 @@
+"""jax_topk.nsa: the tiled O(T) path against the dense reference, the NSA
+properties (dense limits, causality, packing), transforms, memory and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend import core as jex_core
+from jax.test_util import check_grads
+
+from jax_topk import _nsa_core, _nsa_reference, nsa
+
+F32_TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    cfg: nsa.NSAConfig
+    batch: int
+    length: int
+    q_heads: int
+    kv_heads: int
+    dim: int
+
+
+def random_case(seed: int) -> Case:
+    """Random block sizes and shapes; T rarely a multiple of any block size."""
+    rng = np.random.default_rng(seed)
+    stride = int(rng.choice([1, 2, 4]))
+    block_size = stride * int(rng.integers(1, 4))
+    select_size = block_size * int(rng.integers(1, 3)) + stride * int(rng.integers(0, 2))
+    initial, local = int(rng.integers(0, 2)), int(rng.integers(0, 3))
+    length = int(rng.integers(block_size + 1, 7 * select_size + 2))
+    cfg = nsa.NSAConfig(
+        block_size=block_size, stride=stride, select_size=select_size,
+        num_selected=initial + local + int(rng.integers(1, 3)), window=int(rng.integers(1, length + 3)),
+        compression=str(rng.choice(["mean", "mlp"])), initial_blocks=initial, local_blocks=local,
+        scale=None if rng.random() < 0.5 else float(rng.uniform(0.2, 1.0)),
+        query_tile=int(rng.choice([5, 8, 16, 64])))
+    kv_heads = int(rng.integers(1, 3))
+    return Case(cfg, int(rng.integers(1, 3)), length, kv_heads * int(rng.integers(1, 4)), kv_heads,
+                int(rng.choice([4, 8])))
+
+
+def make_inputs(case: Case, dtype=jnp.float32, seed: int = 0):
+    """``(q, k, v, gates, params)`` for a case; gates in (0, 1), params None for mean pooling.
+
+    Drawn with numpy: eager jax.random compiles a program per shape (seconds on CPU).
+    """
+    rng = np.random.default_rng(seed)
+    b, t, hq, hkv, d = case.batch, case.length, case.q_heads, case.kv_heads, case.dim
+
+    def normal(shape, std=1.0):
+        return jnp.asarray(std * rng.standard_normal(shape), dtype)
+
+    q, k, v = normal((b, t, hq, d)), normal((b, t, hkv, d)), normal((b, t, hkv, d))
+    g = jnp.asarray(rng.uniform(size=(b, t, hq, 3)), dtype)
+    shapes = jax.eval_shape(lambda: nsa.init_params(jax.random.key(0), case.cfg, d))
+    params = jax.tree.map(lambda x: normal(x.shape, 1 / np.sqrt(x.shape[0])), shapes) or None
+    return q, k, v, g, params
+
+
+def output_and_grads(fn, cfg, q, k, v, g, params, cotangent):
+    """``fn``'s output and the gradients of ``<output, cotangent>`` in every input (jitted)."""
+    def run(q, k, v, g, params):
+        out, pullback = jax.vjp(lambda *a: fn(*a[:4], cfg, params=a[4]), q, k, v, g, params)
+        return out, pullback(cotangent)
+    return jax.jit(run)(q, k, v, g, params)
+
+
+def dense_causal(q, k, v, scale):
+    """Plain causal GQA attention in numpy float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    group = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+    scores = np.einsum("bthd,bshd->bhts", q, k) * scale
+    length = q.shape[1]
+    scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bhts,bshd->bthd", probs / probs.sum(-1, keepdims=True), v)
+
+
+def assert_trees_close(actual, expected, **tol):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(e, np.float64), **tol)
+
+
+def largest_intermediate(jaxpr) -> int:
+    """Elements of the largest array in a jaxpr and every sub-jaxpr (scan, map, cond, pjit, remat)."""
+    largest = 0
+    for var in [*jaxpr.invars, *jaxpr.constvars, *(v for e in jaxpr.eqns for v in e.outvars)]:
+        largest = max(largest, int(np.prod(getattr(var.aval, "shape", ()), dtype=np.int64)))
+    return max([largest, *(largest_intermediate(sub) for sub in jex_core.subjaxprs(jaxpr))])
+
+
+SMALL = nsa.NSAConfig(block_size=4, stride=2, select_size=8, num_selected=3, window=6, query_tile=8)
+
+
+# ----------------------------------------------------------------------------- against the reference
+
+
+# Seeds whose random cases mix GQA groups of 1 to 3, mean and mlp, tiles of 8 to 64,
+# l' a multiple of l or not, and lengths that are multiples of no block size.
+SEEDS = [6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_matches_reference_float32(seed):
+    case = random_case(seed)
+    q, k, v, g, params = make_inputs(case, seed=seed)
+    cotangent = jnp.asarray(np.random.default_rng(99).standard_normal(q.shape), q.dtype)
+    out, grads = output_and_grads(nsa.nsa_attention, case.cfg, q, k, v, g, params, cotangent)
+    ref_out, ref_grads = output_and_grads(nsa.reference, case.cfg, q, k, v, g, params, cotangent)
+    np.testing.assert_allclose(out, ref_out, **F32_TOL, err_msg=str(case))
+    assert_trees_close(grads, ref_grads, rtol=1e-5, atol=1e-5)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(grads))
+
+
+def test_selection_is_exercised_by_the_random_cases():
+    # The reference comparison only tests selection where some blocks are left out.
+    cases = [random_case(seed) for seed in SEEDS]
+    assert all(_nsa_core.num_selection_blocks(c.length, c.cfg.select_size) > c.cfg.num_selected for c in cases)
+    assert {c.cfg.compression for c in cases} == {"mean", "mlp"}
+    assert all(c.length % c.cfg.stride or c.length % c.cfg.select_size for c in cases)
+
+
+def test_matches_reference_bfloat16():
+    case = Case(dataclasses.replace(SMALL, compression="mlp"), 1, 37, 4, 2, 8)
+    q, k, v, g, params = make_inputs(case, jnp.bfloat16, seed=3)
+    cotangent = jnp.asarray(np.random.default_rng(5).standard_normal(q.shape), jnp.bfloat16)
+    out, grads = output_and_grads(nsa.nsa_attention, case.cfg, q, k, v, g, params, cotangent)
+    ref_out, ref_grads = output_and_grads(nsa.reference, case.cfg, q, k, v, g, params, cotangent)
+    assert out.dtype == jnp.bfloat16
+    for a, e in zip(jax.tree.leaves((out, grads)), jax.tree.leaves((ref_out, ref_grads)), strict=True):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        assert np.linalg.norm(a - e) <= 2e-2 * np.linalg.norm(e) + 1e-3
+
+
+def test_check_grads_float64():
+    case = Case(dataclasses.replace(SMALL, compression="mlp", num_selected=2, local_blocks=1), 1, 19, 2, 1, 4)
+    q, k, v, g, params = make_inputs(case, jnp.float64, seed=1)
+    fn = jax.jit(lambda q, k, v, g, p: nsa.nsa_attention(q, k, v, g, case.cfg, params=p))
+    check_grads(fn, (q, k, v, g, params), order=1, modes=["rev"])
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@pytest.mark.parametrize("branch", ["selected", "window"])
+def test_dense_limit_is_causal_attention(branch):
+    length = 29
+    cfg = dataclasses.replace(SMALL, num_selected=4, query_tile=8)  # ceil(29 / 8) = 4 blocks
+    if branch == "window":
+        cfg = dataclasses.replace(SMALL, window=length)
+    case = Case(cfg, 2, length, 4, 2, 8)
+    q, k, v, _, _ = make_inputs(case, seed=7)
+    gates = jnp.zeros((2, length, 4, 3)).at[..., {"selected": 1, "window": 2}[branch]].set(1.0)
+    out = nsa.nsa_attention(q, k, v, gates, cfg)
+    np.testing.assert_allclose(out, dense_causal(q, k, v, cfg.softmax_scale(8)), **F32_TOL)
+
+
+def test_one_selected_block_too_few_is_not_dense():
+    # The check above can fail: one block short of all of them differs from dense attention.
+    cfg = dataclasses.replace(SMALL, num_selected=3)
+    q, k, v, _, _ = make_inputs(Case(cfg, 1, 29, 2, 1, 8), seed=7)
+    gates = jnp.zeros((1, 29, 2, 3)).at[..., 1].set(1.0)
+    out = nsa.nsa_attention(q, k, v, gates, cfg)
+    assert not np.allclose(out, dense_causal(q, k, v, cfg.softmax_scale(8)), atol=1e-3)
+
+
+@pytest.mark.parametrize("compression", ["mean", "mlp"])
+def test_causal(compression, rng):
+    case = Case(dataclasses.replace(SMALL, compression=compression), 2, 41, 4, 2, 8)
+    inputs = make_inputs(case, seed=2)
+    run = jax.jit(lambda q, k, v, g, p: nsa.nsa_attention(q, k, v, g, case.cfg, params=p))
+    before = run(*inputs)
+    for t in rng.integers(0, case.length - 1, size=3):
+        changed = [x.at[:, t + 1:].set(rng.standard_normal(x[:, t + 1:].shape).astype(np.float32))
+                   for x in inputs[:4]]
+        after = run(*changed, inputs[4])
+        np.testing.assert_array_equal(after[:, : t + 1], before[:, : t + 1])
+        assert not np.allclose(after[:, t + 1:], before[:, t + 1:])
+
+
+def test_packed_sequences_equal_one_by_one():
+    lengths = [7, 0, 19]
+    total = sum(lengths) + 3  # three padding tokens after the last sequence
+    cfg = dataclasses.replace(SMALL, compression="mlp")
+    q, k, v, g, params = make_inputs(Case(cfg, 1, total, 4, 2, 8), seed=4)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    packed = nsa.nsa_attention(q, k, v, g, cfg, params=params, cu_seqlens=jnp.asarray(cu))
+    traced = jax.jit(lambda q, cu: nsa.nsa_attention(q, k, v, g, cfg, params=params, cu_seqlens=cu,
+                                                     max_seqlen=24))(q, jnp.asarray(cu))
+    for start, end in zip(cu[:-1], cu[1:]):
+        if end > start:
+            alone = nsa.nsa_attention(q[:, start:end], k[:, start:end], v[:, start:end], g[:, start:end], cfg,
+                                      params=params)
+            np.testing.assert_allclose(packed[:, start:end], alone, **F32_TOL)
+    np.testing.assert_array_equal(packed[:, cu[-1]:], 0)
+    np.testing.assert_allclose(traced, packed, **F32_TOL)
+
+
+def test_vmap_and_jit_equal_a_loop():
+    cfg = SMALL
+    case = Case(cfg, 2, 21, 2, 1, 4)
+    stacked = [jnp.stack(pair) for pair in zip(make_inputs(case, seed=0)[:4], make_inputs(case, seed=1)[:4])]
+    batched = jax.jit(jax.vmap(nsa.nsa_attention, in_axes=(0, 0, 0, 0, None)), static_argnums=4)(*stacked, cfg)
+    jitted = jax.jit(nsa.nsa_attention, static_argnums=4)
+    for i in range(2):
+        np.testing.assert_allclose(batched[i], jitted(*(x[i] for x in stacked), cfg), **F32_TOL)
+    assert hash(cfg) == hash(dataclasses.replace(cfg)) and cfg == dataclasses.replace(cfg)
+
+
+# ----------------------------------------------------------------------------- the pieces
+
+
+@pytest.mark.parametrize("length", [3, 11])
+def test_compressed_branch_is_zero_before_the_first_block(length):
+    cfg = dataclasses.replace(SMALL, block_size=8, stride=4, select_size=8)
+    q, k, v, g, _ = make_inputs(Case(cfg, 1, length, 2, 1, 4), seed=6)
+    k_cmp, v_cmp = nsa.compress_kv(k, v, cfg)
+    assert k_cmp.shape[1] == _nsa_core.num_compressed_blocks(length, 8, 4) == (0 if length < 8 else 1)
+    out = nsa.compressed_attention(q, k_cmp, v_cmp, cfg)
+    np.testing.assert_array_equal(out[:, : cfg.block_size - 1], 0)
+    assert length < 8 or np.abs(out[:, 7:]).min() > 0
+    grads = jax.grad(lambda *a: nsa.nsa_attention(*a, cfg).sum(), argnums=(0, 1, 2, 3))(q, k, v, g)
+    assert all(np.isfinite(x).all() for x in grads)
+
+
+def test_compress_kv_mean_and_mlp():
+    cfg = nsa.NSAConfig(block_size=6, stride=2, select_size=6)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 15, 3, 4)), jnp.float32)
+    k_cmp, _ = nsa.compress_kv(x, x, cfg)
+    expected = np.stack([np.asarray(x)[:, i * 2: i * 2 + 6].mean(1) for i in range(5)], axis=1)
+    np.testing.assert_allclose(k_cmp, expected, **F32_TOL)
+    mlp_cfg = dataclasses.replace(cfg, compression="mlp")
+    params = nsa.init_params(jax.random.key(1), mlp_cfg, 4, hidden_dim=7)
+    k_mlp, v_mlp = nsa.compress_kv(x, x, mlp_cfg, params=params)
+    p = params["key"]
+    block = (np.asarray(x)[0, 4:10, 1] + np.asarray(p["pos"])).reshape(-1)  # block 2 of head 1
+    expected = np.asarray(jax.nn.gelu(block @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"])
+    np.testing.assert_allclose(k_mlp[0, 2, 1], expected, **F32_TOL)
+    assert k_mlp.shape == v_mlp.shape == (2, 5, 3, 4) and not np.allclose(k_mlp, v_mlp)
+
+
+@pytest.mark.parametrize("block_size,stride,select_size", [(4, 2, 8), (6, 2, 10), (4, 4, 4), (3, 1, 3), (8, 2, 8)])
+def test_compression_to_selection_is_the_overlap_map(block_size, stride, select_size):
+    cfg = nsa.NSAConfig(block_size=block_size, stride=stride, select_size=select_size, num_selected=3)
+    for length in (block_size, 23, 40):
+        num_compressed = _nsa_core.num_compressed_blocks(length, block_size, stride)
+        num_select = _nsa_core.num_selection_blocks(length, select_size)
+        probs = np.random.default_rng(length).random((3, num_compressed))
+        mapped = _nsa_core.compression_to_selection(jnp.asarray(probs), block_size, stride, select_size, num_select)
+        np.testing.assert_allclose(mapped, probs @ _nsa_reference._overlap(num_compressed, num_select, cfg),
+                                   rtol=1e-12)
+        # every compression block's score is spread over l/d chunks, nothing lost
+        np.testing.assert_allclose(np.sum(mapped, -1), probs.sum(-1) * block_size / stride, rtol=1e-12)
+
+
+def test_block_scores_sum_the_group():
+    cfg = nsa.NSAConfig(block_size=4, stride=4, select_size=4, num_selected=2, local_blocks=1)
+    q, k, v, _, _ = make_inputs(Case(cfg, 1, 14, 4, 2, 4), seed=8)
+    k_cmp, _ = nsa.compress_kv(k, v, cfg)
+    scores = nsa.block_scores(q, k_cmp, cfg)
+    assert scores.shape == (1, 14, 2, 4)
+    # l = l' = d: a selection block's score is its compressed probability, summed over the group
+    logits = jnp.einsum("bthd,bchd->bhtc", q, jnp.repeat(k_cmp, 2, axis=2)) * cfg.softmax_scale(4)
+    t = 13  # sees blocks 0, 1, 2
+    probs = jax.nn.softmax(logits[0, :, t, :3], axis=-1).reshape(2, 2, 3).sum(1)
+    np.testing.assert_allclose(scores[0, t, :, :3], probs, **F32_TOL)
+    np.testing.assert_array_equal(scores[0, t, :, 3], 0)
+
+
+def select_oracle(scores: np.ndarray, t: int, cfg: nsa.NSAConfig) -> list[int]:
+    """Forced blocks in index order, then the best scores (stable), causal, -1 padded."""
+    own = t // cfg.select_size
+    forced = [j for j in range(len(scores)) if j <= own and (j < cfg.initial_blocks or j > own - cfg.local_blocks)]
+    rest = [j for j in np.argsort(-scores, kind="stable") if j <= own and j not in forced]
+    picks = (forced + rest)[: cfg.num_selected]
+    return picks + [-1] * (cfg.num_selected - len(picks))
+
+
+@pytest.mark.parametrize("initial,local", [(1, 2), (0, 0), (2, 1)])
+def test_select_blocks(initial, local, rng):
+    cfg = nsa.NSAConfig(block_size=4, stride=4, select_size=4, num_selected=4, initial_blocks=initial,
+                        local_blocks=local)
+    scores = rng.integers(0, 3, size=(30, 9)).astype(np.float32)  # many ties
+    positions = rng.integers(0, 36, size=30)
+    ids = nsa.select_blocks(jnp.asarray(scores), cfg, positions=jnp.asarray(positions))
+    assert ids.dtype == jnp.int32
+    assert ids.tolist() == [select_oracle(s, int(t), cfg) for s, t in zip(scores, positions)]
+    default = nsa.select_blocks(jnp.asarray(scores[None, :, None, :]), cfg)  # positions arange(T)
+    assert default[0, :, 0].tolist() == [select_oracle(s, t, cfg) for t, s in enumerate(scores)]
+
+
+def test_selected_and_window_branches_alone():
+    cfg = nsa.NSAConfig(block_size=2, stride=2, select_size=4, num_selected=2, initial_blocks=0, local_blocks=0,
+                        window=3, query_tile=4)
+    q, k, v, _, _ = make_inputs(Case(cfg, 1, 10, 2, 1, 4), seed=9)
+    # tokens 8, 9 for everyone; -1 and a block past the end (7) add nothing
+    ids = jnp.broadcast_to(jnp.array([2, -1], jnp.int32), (1, 10, 1, 2))
+    past_end = jnp.broadcast_to(jnp.array([7, 2], jnp.int32), (1, 10, 1, 2))
+    np.testing.assert_array_equal(nsa.selected_attention(q, k, v, past_end, cfg),
+                                  nsa.selected_attention(q, k, v, ids, cfg))
+    out = nsa.selected_attention(q, k, v, ids, cfg)
+    np.testing.assert_array_equal(out[:, :8], 0)  # block 2 starts after them
+    np.testing.assert_allclose(out[:, 9], dense_causal(q[:, 8:], k[:, 8:], v[:, 8:], 0.5)[:, 1], **F32_TOL)
+    window = nsa.sliding_window_attention(q, k, v, cfg)
+    np.testing.assert_allclose(window[:, 6], dense_causal(q[:, 4:7], k[:, 4:7], v[:, 4:7], 0.5)[:, 2], **F32_TOL)
+
+
+def test_gates():
+    params = nsa.init_gate_params(jax.random.key(0), 6, 2)
+    params["bias"] = jnp.arange(6.0).reshape(2, 3)
+    hidden = jnp.asarray(np.random.default_rng(1).standard_normal((3, 4, 6)), jnp.float32)
+    expected = 1 / (1 + np.exp(-(np.einsum("btc,chk->bthk", hidden, params["weight"]) + params["bias"])))
+    np.testing.assert_allclose(nsa.gates(hidden, params), expected, **F32_TOL)
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_no_quadratic_intermediate():
+    length = 2048
+    cfg = nsa.NSAConfig(block_size=8, stride=4, select_size=16, num_selected=4, window=32, compression="mlp",
+                        query_tile=64)
+    q = jax.ShapeDtypeStruct((1, length, 2, 8), jnp.float32)
+    kv = jax.ShapeDtypeStruct((1, length, 1, 8), jnp.float32)
+    g = jax.ShapeDtypeStruct((1, length, 2, 3), jnp.float32)
+    params = jax.eval_shape(lambda: nsa.init_params(jax.random.key(0), cfg, 8))
+    # A dense compressed branch alone would hold T * Hq * Nc = T^2 / 2 scores here.
+    bound = length * length // 8
+
+    def loss(fn):
+        return lambda q, k, v, g, p: fn(q, k, v, g, cfg, params=p).sum()
+
+    gradient = jax.grad(loss(nsa.nsa_attention), argnums=(0, 1, 2, 3, 4))
+    for program in (jax.jit(loss(nsa.nsa_attention)), jax.jit(gradient)):
+        largest = largest_intermediate(jax.make_jaxpr(program)(q, kv, kv, g, params).jaxpr)
+        assert largest < bound, largest
+    # the check can fail: the dense reference has [B, H, T, T] masks and scores
+    assert largest_intermediate(jax.make_jaxpr(jax.jit(loss(nsa.reference)))(q, kv, kv, g, params).jaxpr) >= bound
+
+
+# ----------------------------------------------------------------------------- errors and docs
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(block_size=24, stride=16), "stride=16 must divide block_size=24"),
+    (dict(select_size=40, stride=16), "must divide"),
+    (dict(block_size=128), "block_size=128 must be <= select_size=64"),
+    (dict(num_selected=0), "num_selected=0 must be >= 1"),
+    (dict(window=0), "window=0 must be >= 1"),
+    (dict(stride=-16), "stride=-16 must be >= 1"),
+    (dict(local_blocks=-1), "local_blocks=-1 must be >= 0"),
+    (dict(num_selected=2), "forced blocks"),
+    (dict(compression="max"), "compression must be 'mean' or 'mlp'"),
+    (dict(scale=0.0), "scale=0.0 must be a positive"),
+    (dict(query_tile=2.5), "query_tile must be an int"),
+])
+def test_bad_config(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(")):
+        nsa.NSAConfig(**kwargs)
+
+
+def zero_params(cfg, head_dim):
+    shapes = jax.eval_shape(lambda: nsa.init_params(jax.random.key(0), cfg, head_dim))
+    return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+
+def _bad_call(kind):
+    q, k, v, g, _ = make_inputs(Case(SMALL, 1, 10, 4, 2, 8))
+    mlp = dataclasses.replace(SMALL, compression="mlp")
+    calls = {
+        "heads": lambda: nsa.nsa_attention(q[:, :, :3], k, v, g[:, :, :3], SMALL),
+        "gates": lambda: nsa.nsa_attention(q, k, v, g[..., :2], SMALL),
+        "dim": lambda: nsa.nsa_attention(q[..., :4], k, v, g, SMALL),
+        "kv": lambda: nsa.nsa_attention(q, k, v[:, :9], g, SMALL),
+        "cfg": lambda: nsa.nsa_attention(q, k, v, g, {"block_size": 4}),
+        "no params": lambda: nsa.nsa_attention(q, k, v, g, mlp),
+        "params for mean": lambda: nsa.nsa_attention(q, k, v, g, SMALL, params=zero_params(mlp, 8)),
+        "params shape": lambda: nsa.nsa_attention(q, k, v, g, mlp, params=zero_params(mlp, 4)),
+        "cu start": lambda: nsa.nsa_attention(q, k, v, g, SMALL, cu_seqlens=jnp.array([1, 10])),
+        "cu order": lambda: nsa.nsa_attention(q, k, v, g, SMALL, cu_seqlens=jnp.array([0, 6, 4])),
+        "cu end": lambda: nsa.nsa_attention(q, k, v, g, SMALL, cu_seqlens=jnp.array([0, 11])),
+        "cu batch": lambda: nsa.nsa_attention(*(jnp.concatenate([x, x]) for x in (q, k, v, g)), SMALL,
+                                              cu_seqlens=jnp.array([0, 10])),
+        "cu traced": lambda: jax.jit(lambda cu: nsa.nsa_attention(q, k, v, g, SMALL, cu_seqlens=cu))(
+            jnp.array([0, 10])),
+        "block ids": lambda: nsa.selected_attention(q, k, v, jnp.zeros((1, 10, 2, 2), jnp.int32), SMALL),
+        "k_cmp": lambda: nsa.compressed_attention(q, k, v, SMALL),
+    }
+    return calls[kind]
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("heads", r"Hq=3 of q \(1, 10, 3, 8\) must be a multiple of the KV heads Hkv=2"),
+    ("gates", r"gates must have shape \[B, T, Hq, 3\] = \(1, 10, 4, 3\)"),
+    ("dim", r"head dim D differs: q \(1, 10, 4, 4\), k \(1, 10, 2, 8\)"),
+    ("kv", r"k and v must have the same shape"),
+    ("cfg", r"cfg must be a jax_topk.nsa.NSAConfig, got dict"),
+    ("no params", r"compression='mlp' needs params"),
+    ("params for mean", r"params were given but cfg.compression is 'mean'"),
+    ("params shape", r"params\['key'\]\['pos'\] must be \[l, D\] = \(4, 8\)"),
+    ("cu start", r"cu_seqlens must start at 0"),
+    ("cu order", r"never decrease"),
+    ("cu end", r"end at most at T=10"),
+    ("cu batch", r"batch of one packed sequence"),
+    ("cu traced", r"pass a static max_seqlen"),
+    ("block ids", r"block_ids must have shape \[B, T, Hkv, n\] = \(1, 10, 2, 3\)"),
+    ("k_cmp", r"k_cmp \(1, 10, 2, 8\) must hold the 4 compressed blocks of T=10"),
+])
+def test_bad_input(kind, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        _bad_call(kind)()
+
+
+def test_docstring_examples():
+    failures, tried = doctest.testmod(nsa, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert failures == 0 and tried > 0
+    for name in nsa.__all__:
+        assert ">>>" in getattr(nsa, name).__doc__, f"jax_topk.nsa.{name} has no example"
+
