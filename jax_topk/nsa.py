@@ -250,7 +250,7 @@ def compressed_attention(q: jax.Array, k_cmp: jax.Array, v_cmp: jax.Array, cfg: 
 
 
 def block_scores(q: jax.Array, k_cmp: jax.Array, cfg: NSAConfig) -> jax.Array:
-    """Selection-block scores ``[B, T, Hkv, Ns]`` (float32), ``Ns = ceil(T / l')``.
+    """Selection-block scores ``[B, T, Hkv, Ns]`` in the compute dtype, ``Ns = ceil(T / l')``.
 
     The compressed attention probabilities of each query, summed over the query
     heads of its GQA group, mapped to selection blocks by overlap (the module
