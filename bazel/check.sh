@@ -95,7 +95,7 @@ assert os.path.realpath(loaded).startswith(pkg + os.sep), f"CPU module loaded fr
 print(f"info(): jax_topk {info['jax_topk']}, jax {info['jax']}, backend {info['backend']}, "
       f"cpu native=True loaded_from={loaded}")
 print(f"        build: jaxlib headers {build['ffi_headers_jaxlib']}, FFI API {tuple(build['ffi_api_version'])}, "
-      f"compiler {build['compiler']}, architectures {build.get('gpu_architectures', build.get('cuda_architectures'))}; "
+      f"compiler {build['compiler']}, architectures {build['gpu_architectures']}; "
       f"targets {sorted(cpu['targets'])}")
 
 x = jax.random.normal(jax.random.PRNGKey(0), (64, 4096), jnp.float32)
@@ -127,7 +127,7 @@ m = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(m)
 b = m.build_info()
 print(f"_jax_topk_cuda imports: platform {m.platform()}, targets {sorted(m.targets())}, "
-      f"architectures {b.get('gpu_architectures', b.get('cuda_architectures'))}, jaxlib headers {b['ffi_headers_jaxlib']}, compiler {b['compiler']}")
+      f"architectures {b['gpu_architectures']}, jaxlib headers {b['ffi_headers_jaxlib']}, compiler {b['compiler']}")
 EOF
 fi
 echo "bazel/check.sh: OK"

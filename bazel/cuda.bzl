@@ -112,7 +112,7 @@ def _nvcc_library_impl(ctx):
 nvcc_library = rule(
     implementation = _nvcc_library_impl,
     doc = "Compiles srcs (.cu) with nvcc, one action each, into a static library; " +
-          "provides CcInfo (the archive, and JAX_TOPK_CUDA_ARCHITECTURES) to cc_* dependents.",
+          "provides CcInfo (the archive, and JAX_TOPK_GPU_ARCHITECTURES) to cc_* dependents.",
     attrs = {
         "srcs": attr.label_list(allow_files = [".cu"], mandatory = True),
         "hdrs": attr.label_list(allow_files = True, doc = "Headers the sources include (action inputs)."),

@@ -13,10 +13,9 @@ _MODULE_COPTS = [
     "-fdata-sections",
 ]
 
-# module.cc reads the kernels' architectures as JAX_TOPK_CUDA_ARCHITECTURES
-# (build_info "cuda_architectures"), or JAX_TOPK_GPU_ARCHITECTURES
-# ("gpu_architectures") since the HIP port: both are defined, one is unused.
-ARCHITECTURE_DEFINES = ["JAX_TOPK_CUDA_ARCHITECTURES", "JAX_TOPK_GPU_ARCHITECTURES"]
+# module.cc reads the kernels' architectures as JAX_TOPK_GPU_ARCHITECTURES
+# (build_info "gpu_architectures").
+ARCHITECTURE_DEFINES = ["JAX_TOPK_GPU_ARCHITECTURES"]
 
 def jax_topk_ffi_module(name, platform, srcs, hdrs = [], deps = [], architectures = None, **kwargs):
     """`name` (an alias) for jax_topk/<name><EXT_SUFFIX>, the file Python imports.

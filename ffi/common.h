@@ -14,12 +14,9 @@
 #include <string>
 #include <vector>
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-#include <cuda_runtime_api.h>
-#endif
-
 #include "cpu/task_runner.h"
 #include "jax_topk/dtypes.h"
+#include "jax_topk/gpu_compat.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_topk::ffi_util {
@@ -183,7 +180,7 @@ class XlaThreadPoolRunner final : public cpu::TaskRunner {
   int64_t threads_;
 };
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 // GPU handlers take their temporaries as an extra result sized at lowering
 // time (the module's workspace_bytes); one lowered for another GPU may be short.
 inline ffi::Error check_workspace(const char* op, size_t given, size_t needed) {
@@ -194,10 +191,10 @@ inline ffi::Error check_workspace(const char* op, size_t given, size_t needed) {
                         " (lowered for another device?)");
 }
 
-// Checks a CUDA row op's operands and outputs ([..., out_len]), the count of
+// Checks a GPU row op's operands and outputs ([..., out_len]), the count of
 // the optional lengths (their values stay on the device: the kernels clamp
 // them) and that a kernel takes x's dtype; fills the geometry and the dtype.
-inline ffi::Error decode_cuda_rows(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& values,
+inline ffi::Error decode_gpu_rows(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& values,
                                    int64_t out_len, const ffi::Buffer<ffi::S32>* lengths,
                                    bool (*has_kernel)(DType), RowGeometry* g, DType* dtype) {
   if (auto err = row_geometry(op, x, values, out_len, g); err.failure()) return err;
@@ -210,9 +207,9 @@ inline ffi::Error decode_cuda_rows(const char* op, const ffi::AnyBuffer& x, cons
   return ffi::Error::Success();
 }
 
-inline ffi::Error cuda_status(const char* op, cudaError_t status) {
-  if (status == cudaSuccess) return ffi::Error::Success();
-  return ffi::Error::Internal(std::string(op) + ": CUDA error: " + cudaGetErrorString(status));
+inline ffi::Error gpu_status(const char* op, gpuError_t status) {
+  if (status == gpuSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(op) + ": " JAX_TOPK_GPU_RUNTIME_NAME " error: " + gpuGetErrorString(status));
 }
 #endif
 
@@ -227,7 +224,7 @@ ffi::Error run_cpu_kernel(const char* op, ffi::ThreadPool& pool, const ffi::AnyB
 }
 
 // The FFI signature every row op (top_k, sort) shares, before its attributes:
-// x [, lengths int32] -> values, indices int32 [, workspace u8 on CUDA].
+// x [, lengths int32] -> values, indices int32 [, workspace u8 on the GPU].
 // (One expression per branch: Binding has no public move, so the chain is
 // returned as a prvalue.)
 template <typename Context, bool kLengths>
@@ -246,10 +243,10 @@ auto cpu_row_op_binding() {
   return row_op_binding<ffi::ThreadPool, kLengths>();
 }
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 template <bool kLengths>
-auto cuda_row_op_binding() {
-  return row_op_binding<ffi::PlatformStream<cudaStream_t>, kLengths>().template Ret<ffi::Buffer<ffi::U8>>();
+auto gpu_row_op_binding() {
+  return row_op_binding<ffi::PlatformStream<gpuStream_t>, kLengths>().template Ret<ffi::Buffer<ffi::U8>>();
 }
 #endif
 

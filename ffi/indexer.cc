@@ -15,7 +15,7 @@
 #include "cpu/indexer_cpu.h"
 #include "cpu/topk_cpu.h"
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 #include "cuda/indexer_cuda.h"
 #endif
 
@@ -89,10 +89,10 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
 }
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 // Temporaries (the [B, N] scores and the top-k's scratch) come in
 // `workspace`, an extra result sized at lowering time (workspace_bytes).
-ffi::Error indexer_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
+ffi::Error indexer_gpu(gpuStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
                         ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
                         ffi::Result<ffi::Buffer<ffi::S32>> ids, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
                         int64_t k) {
@@ -102,14 +102,14 @@ ffi::Error indexer_cuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer ke
   if (auto err = ffi_util::check_workspace(kOp, given, cuda::indexer_scratch_bytes(g.batch, g.n, k)); err.failure()) {
     return err;
   }
-  return ffi_util::cuda_status(
+  return ffi_util::gpu_status(
       kOp, cuda::indexer_top_k(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(),
                                lengths.typed_data(), g.batch, g.heads, g.n, g.dim, k, scores->typed_data(),
                                ids->typed_data(), workspace->untyped_data(), given, stream));
 }
 #endif
 
-// The signature both platforms share, before the CUDA workspace and the
+// The signature both platforms share, before the GPU workspace and the
 // attribute: q, keys, weights f32, lengths s32 -> scores f32, ids s32. (One
 // expression: Binding has no public move, so the chain is returned as a
 // prvalue.)
@@ -128,9 +128,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
                               jax_topk::indexer_binding<ffi::ThreadPool>().Attr<int64_t>("k"));
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCuda, jax_topk::indexer_cuda,
-                              jax_topk::indexer_binding<ffi::PlatformStream<cudaStream_t>>()
+#if defined(JAX_TOPK_PLATFORM_GPU)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerGpu, jax_topk::indexer_gpu,
+                              jax_topk::indexer_binding<ffi::PlatformStream<gpuStream_t>>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
                                   .Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -1,4 +1,4 @@
-// The nanobind module of one platform (`_jax_topk_cpu` or `_jax_topk_cuda`):
+// The nanobind module of one platform (`_jax_topk_cpu`, `_jax_topk_cuda` or `_jax_topk_rocm`):
 // exports {op: (target name, handler capsule)} and what the kernels support,
 // for jax_topk/_registry.py to register with jax.ffi.
 
@@ -11,7 +11,7 @@
 #include "jax_topk/routing.h"
 #include "xla/ffi/api/c_api.h"
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 #include <stdexcept>
 
 #include "cuda/indexer_cuda.h"
@@ -40,6 +40,8 @@ nb::list dtype_names(bool (*supported)(jax_topk::DType)) {
 #define JAX_TOPK_PLATFORM_NAME "cpu"
 #elif defined(JAX_TOPK_PLATFORM_CUDA)
 #define JAX_TOPK_PLATFORM_NAME "CUDA"
+#elif defined(JAX_TOPK_PLATFORM_ROCM)
+#define JAX_TOPK_PLATFORM_NAME "ROCM"
 #endif
 
 // Indirection so that JAX_TOPK_MODULE_NAME is expanded before NB_MODULE pastes it.
@@ -55,9 +57,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       "targets",
       [] {
         nb::dict d;
-#define JAX_TOPK_EXPORT_TARGET(op, name, stem, cpu, cuda, dtypes)                         \
+#define JAX_TOPK_EXPORT_TARGET(op, name, stem, cpu, gpu, dtypes)                         \
   JAX_TOPK_ON_THIS_PLATFORM(                                                       \
-      cpu, cuda,                                                                   \
+      cpu, gpu,                                                                    \
       d[#op] = nb::make_tuple(std::string(name),                                   \
                               nb::capsule(reinterpret_cast<void*>(JAX_TOPK_HANDLER(stem))));)
         JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_EXPORT_TARGET)
@@ -77,15 +79,15 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       "op_dtypes",
       [] {
         nb::dict d;
-#define JAX_TOPK_EXPORT_OP_DTYPES(op, name, stem, cpu, cuda, dtypes) \
-  JAX_TOPK_ON_THIS_PLATFORM(cpu, cuda, d[#op] = dtype_names(jax_topk::dtypes);)
+#define JAX_TOPK_EXPORT_OP_DTYPES(op, name, stem, cpu, gpu, dtypes) \
+  JAX_TOPK_ON_THIS_PLATFORM(cpu, gpu, d[#op] = dtype_names(jax_topk::dtypes);)
         JAX_TOPK_FOR_EACH_TARGET(JAX_TOPK_EXPORT_OP_DTYPES)
 #undef JAX_TOPK_EXPORT_OP_DTYPES
         return d;
       },
       "{op family: element types (numpy names) its kernels read}.");
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
   // GPU handlers take their temporaries as an extra result buffer sized at
   // lowering time (not from the FFI ScratchAllocator): a handler that
   // allocates at run time cannot be captured into XLA's command buffers.
@@ -111,13 +113,13 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         d["ffi_api_version"] = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
         d["ffi_headers_jaxlib"] = std::string(JAX_TOPK_FFI_JAXLIB_VERSION);
         d["compiler"] = std::string(JAX_TOPK_COMPILER);
-        d["cuda_architectures"] = std::string(JAX_TOPK_CUDA_ARCHITECTURES);
+        d["gpu_architectures"] = std::string(JAX_TOPK_GPU_ARCHITECTURES);
         // Routes past these lower to the pure-JAX composition.
         nb::dict route;
         route["max_experts"] = jax_topk::kRouteMaxExperts;
         route["max_k"] = jax_topk::kRouteMaxK;
         d["route_limits"] = route;
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
         // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.
         nb::dict t;
         t["warp_sort_max_k"] = jax_topk::kWarpSortMaxK;

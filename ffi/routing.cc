@@ -1,7 +1,7 @@
 // XLA FFI handlers of fused MoE routing: decode the logits ([..., experts]),
 // the optional bias (none, [experts], or one row per token) and the
 // attributes, check them, and call the platform's kernel. Compiled once per
-// platform module (JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA).
+// platform module (JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_GPU).
 
 #include <string>
 
@@ -12,7 +12,7 @@
 #if defined(JAX_TOPK_PLATFORM_CPU)
 #include "cpu/routing_cpu.h"
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 #include "cuda/routing_cuda.h"
 #endif
 
@@ -88,8 +88,8 @@ ffi::Error route_cpu(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ff
 }
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-ffi::Error route_cuda(cudaStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
+#if defined(JAX_TOPK_PLATFORM_GPU)
+ffi::Error route_gpu(gpuStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
                       ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> ids,
                       int64_t k, int64_t score, int64_t n_groups, int64_t top_groups, bool renormalize,
                       float scale) {
@@ -100,7 +100,7 @@ ffi::Error route_cuda(cudaStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ff
   }
   const auto dtype = ffi_util::to_dtype(logits.element_type());
   if (!dtype) return ffi_util::unsupported_dtype(kOp, logits.element_type());
-  return ffi_util::cuda_status(kOp, cuda::route_tokens(*dtype, logits.untyped_data(),
+  return ffi_util::gpu_status(kOp, cuda::route_tokens(*dtype, logits.untyped_data(),
                                                        cfg.has_bias ? bias.typed_data() : nullptr,
                                                        weights->typed_data(), ids->typed_data(), cfg, stream));
 }
@@ -126,8 +126,8 @@ ffi::Error route_cuda(cudaStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ff
 #if defined(JAX_TOPK_PLATFORM_CPU)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkRouteCpu, jax_topk::route_cpu, JAX_TOPK_ROUTE_BINDING(ffi::ThreadPool));
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkRouteCuda, jax_topk::route_cuda,
-                              JAX_TOPK_ROUTE_BINDING(ffi::PlatformStream<cudaStream_t>),
+#if defined(JAX_TOPK_PLATFORM_GPU)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkRouteGpu, jax_topk::route_gpu,
+                              JAX_TOPK_ROUTE_BINDING(ffi::PlatformStream<gpuStream_t>),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

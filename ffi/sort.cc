@@ -1,6 +1,6 @@
 // XLA FFI handlers of the sort op family: stable sort (and argsort) along the
 // last axis, with or without per-row lengths. Compiled once per platform
-// module (JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA).
+// module (JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_GPU).
 
 #include "ffi/common.h"
 #include "ffi/handlers.h"
@@ -9,7 +9,7 @@
 #if defined(JAX_TOPK_PLATFORM_CPU)
 #include "cpu/sort_cpu.h"
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 #include "cuda/sort_cuda.h"
 #endif
 
@@ -45,16 +45,16 @@ ffi::Error sort_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<
 }
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 // Temporaries come in `workspace`, an extra result sized at lowering time (see
 // ffi/topk.cc): capturable into XLA's command buffers.
-ffi::Error sort_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
+ffi::Error sort_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, bool descending) {
   ffi_util::RowGeometry g;
   DType dtype;
   const int64_t n = x.dimensions().size() ? x.dimensions().back() : 0;
-  if (auto err = ffi_util::decode_cuda_rows(kOp, x, values, n, lengths, sort_cuda_dtype, &g, &dtype);
+  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, n, lengths, sort_gpu_dtype, &g, &dtype);
       err.failure()) {
     return err;
   }
@@ -63,22 +63,22 @@ ffi::Error sort_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
       err.failure()) {
     return err;
   }
-  return ffi_util::cuda_status(
+  return ffi_util::gpu_status(
       kOp, cuda::sort_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
                            descending, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(),
                            given, stream));
 }
 
-ffi::Error sort_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+ffi::Error sort_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                      ffi::Result<ffi::Buffer<ffi::S32>> indices, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
                      bool descending) {
-  return sort_cuda_rows(stream, x, nullptr, *values, *indices, *workspace, descending);
+  return sort_gpu_rows(stream, x, nullptr, *values, *indices, *workspace, descending);
 }
 
-ffi::Error sort_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+ffi::Error sort_lengths_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
                              ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
                              ffi::Result<ffi::Buffer<ffi::U8>> workspace, bool descending) {
-  return sort_cuda_rows(stream, x, &lengths, *values, *indices, *workspace, descending);
+  return sort_gpu_rows(stream, x, &lengths, *values, *indices, *workspace, descending);
 }
 #endif
 
@@ -92,11 +92,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCpu, jax_topk::sort_lengths_cpu,
                               jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<bool>("descending"));
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCuda, jax_topk::sort_cuda,
-                              jax_topk::ffi_util::cuda_row_op_binding<false>().Attr<bool>("descending"),
+#if defined(JAX_TOPK_PLATFORM_GPU)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortGpu, jax_topk::sort_gpu,
+                              jax_topk::ffi_util::gpu_row_op_binding<false>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCuda, jax_topk::sort_lengths_cuda,
-                              jax_topk::ffi_util::cuda_row_op_binding<true>().Attr<bool>("descending"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsGpu, jax_topk::sort_lengths_gpu,
+                              jax_topk::ffi_util::gpu_row_op_binding<true>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -1,6 +1,6 @@
 // XLA FFI handlers of the top_k op family: decode the buffers and the `k`
 // attribute, check them, and call the platform's kernel. This file is compiled
-// once per platform module: JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_CUDA.
+// once per platform module: JAX_TOPK_PLATFORM_CPU or JAX_TOPK_PLATFORM_GPU.
 
 #include "ffi/handlers.h"
 
@@ -11,7 +11,7 @@
 #if defined(JAX_TOPK_PLATFORM_CPU)
 #include "cpu/topk_cpu.h"
 #endif
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 #include "cuda/topk_cuda.h"
 #endif
 
@@ -46,16 +46,16 @@ ffi::Error topk_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<
 }
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
+#if defined(JAX_TOPK_PLATFORM_GPU)
 // Temporaries come in `workspace`, an extra result sized at lowering time by
 // the module's workspace_bytes(): no run-time allocation, so XLA may capture
 // the call into a CUDA graph (kCmdBufferCompatible).
-ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
+ffi::Error topk_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, int64_t k) {
   ffi_util::RowGeometry g;
   DType dtype;
-  if (auto err = ffi_util::decode_cuda_rows(kOp, x, values, k, lengths, any_dtype, &g, &dtype); err.failure()) {
+  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, k, lengths, any_dtype, &g, &dtype); err.failure()) {
     return err;
   }
   const size_t given = workspace.element_count();
@@ -63,22 +63,22 @@ ffi::Error topk_cuda_rows(cudaStream_t stream, const ffi::AnyBuffer& x, const ff
       err.failure()) {
     return err;
   }
-  return ffi_util::cuda_status(
+  return ffi_util::gpu_status(
       kOp, cuda::topk_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
                            k, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given,
                            stream));
 }
 
-ffi::Error topk_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+ffi::Error topk_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
                      ffi::Result<ffi::Buffer<ffi::S32>> indices,
                      ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
-  return topk_cuda_rows(stream, x, nullptr, *values, *indices, *workspace, k);
+  return topk_gpu_rows(stream, x, nullptr, *values, *indices, *workspace, k);
 }
 
-ffi::Error topk_lengths_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+ffi::Error topk_lengths_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
                              ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
                              ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
-  return topk_cuda_rows(stream, x, &lengths, *values, *indices, *workspace, k);
+  return topk_gpu_rows(stream, x, &lengths, *values, *indices, *workspace, k);
 }
 #endif
 
@@ -92,11 +92,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCpu, jax_topk::topk_lengths_cpu,
                               jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<int64_t>("k"));
 #endif
 
-#if defined(JAX_TOPK_PLATFORM_CUDA)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCuda, jax_topk::topk_cuda,
-                              jax_topk::ffi_util::cuda_row_op_binding<false>().Attr<int64_t>("k"),
+#if defined(JAX_TOPK_PLATFORM_GPU)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKGpu, jax_topk::topk_gpu,
+                              jax_topk::ffi_util::gpu_row_op_binding<false>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCuda, jax_topk::topk_lengths_cuda,
-                              jax_topk::ffi_util::cuda_row_op_binding<true>().Attr<int64_t>("k"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsGpu, jax_topk::topk_lengths_gpu,
+                              jax_topk::ffi_util::gpu_row_op_binding<true>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -34,7 +34,7 @@ def describe() -> str:
                 f"  {platform:<5} native: targets {sorted(p['targets'].values())}, "
                 f"dtypes {', '.join(p['dtypes'])}; FFI API {b['ffi_api_version'][0]}.{b['ffi_api_version'][1]} "
                 f"(jaxlib {b['ffi_headers_jaxlib']} headers), {b['compiler']}"
-                + (f", sm {b['cuda_architectures']}" if b["cuda_architectures"] != "none" else "")
+                + (f", architectures {b['gpu_architectures']}" if b["gpu_architectures"] != "none" else "")
                 + f"\n        from {b['loaded_from']}"
             )
         else:

@@ -9,15 +9,21 @@ from jax_topk import _registry
 from jax_topk._version import __version__
 
 OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route", "indexer")
-# jax.default_backend() names -> the registry's platform keys.
-_BACKEND_PLATFORM = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}
+
+
+def _lowering_platform(backend: str) -> str:
+    """The registry's platform key for a jax backend name ("gpu" is CUDA or ROCm)."""
+    if backend != "gpu":
+        return backend
+    version = jax.devices("gpu")[0].client.platform_version.lower()
+    return "rocm" if "rocm" in version else "cuda"
 
 
 def info() -> dict:
     """What this installation can run.
 
     Returns a dict with the library, jax and jaxlib versions, the default
-    backend, and per platform (``"cpu"``, ``"cuda"``) whether its native module
+    backend, and per platform (``"cpu"``, ``"cuda"``, ``"rocm"``) whether its native module
     is compiled and registered, its FFI targets, the dtypes its kernels handle
     and how it was built (or why it is unavailable). ``"paths"`` tells, for the
     default backend, which ops run a native kernel and for which dtypes; every
@@ -26,11 +32,11 @@ def info() -> dict:
     Example:
       >>> import jax_topk
       >>> sorted(jax_topk.info()["platforms"])
-      ['cpu', 'cuda']
+      ['cpu', 'cuda', 'rocm']
     """
     platforms = _registry.describe()
     backend = jax.default_backend()
-    native = platforms.get(_BACKEND_PLATFORM.get(backend, backend), {})
+    native = platforms.get(_lowering_platform(backend), {})
     return {
         "jax_topk": __version__,
         "jax": jax.__version__,

@@ -1,6 +1,7 @@
 """What is compiled, and its registration with JAX.
 
-Each platform has one native module (``_jax_topk_cpu``, ``_jax_topk_cuda``)
+Each platform has one native module (``_jax_topk_cpu``, ``_jax_topk_cuda``,
+``_jax_topk_rocm``)
 built from ``ffi/module.cc``. It exports its FFI targets ``{op: (target name,
 capsule)}``, the dtypes its kernels handle, and how it was built. This module
 imports the ones that exist, registers their targets with ``jax.ffi`` and
@@ -24,13 +25,13 @@ import jaxlib
 import numpy as np
 
 # lowering platform name (as in mlir.register_lowering) -> native module
-_MODULES = {"cpu": "jax_topk._jax_topk_cpu", "cuda": "jax_topk._jax_topk_cuda"}
+_MODULES = {"cpu": "jax_topk._jax_topk_cpu", "cuda": "jax_topk._jax_topk_cuda", "rocm": "jax_topk._jax_topk_rocm"}
 
 
 @dataclasses.dataclass(frozen=True)
 class NativeModule:
-    platform: str  # lowering platform: "cpu", "cuda"
-    ffi_platform: str  # platform the targets are registered for: "cpu", "CUDA"
+    platform: str  # lowering platform: "cpu", "cuda", "rocm"
+    ffi_platform: str  # platform the targets are registered for: "cpu", "CUDA", "ROCM"
     targets: dict[str, str]  # op family -> FFI target name
     dtypes: tuple[str, ...]
     op_dtypes: dict[str, tuple[str, ...]]  # op family -> dtypes its kernels read

@@ -14,10 +14,6 @@
 //   per key, the order of indexer.h with explicitly rounded products and sums
 //   (no FMA contraction): bit-identical to the CPU kernel.
 
-#include <mma.h>
-
-#include <cuda_bf16.h>
-
 #include <climits>
 #include <cstdint>
 
@@ -25,6 +21,11 @@
 #include "cuda/scratch.h"
 #include "cuda/topk_cuda.h"
 #include "jax_topk/indexer.h"
+
+#if defined(JAX_TOPK_HAS_WMMA)  // CUDA only: HIP takes the exact kernel
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
 
 namespace jax_topk::cuda {
 namespace {
@@ -53,6 +54,7 @@ size_t mma_smem_bytes(int64_t heads, int64_t dim) {
          size_t(kMmaWarps * kMmaHeadTiles * kMmaTile * kMmaTile + heads) * 4;
 }
 
+#if defined(JAX_TOPK_HAS_WMMA)
 // One step's keys [128][dim] from global memory into registers (zeros past
 // `valid` keys), then into shared memory rows of `stride` elements.
 struct KeyStep {
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       for (int t = 0; t < kMmaHeadTiles; ++t) {
         if (t < tiles) wmma::store_matrix_sync(dots + t * kMmaTile * kMmaTile, acc[t], kMmaTile, wmma::mem_row_major);
       }
-      __syncwarp();
+      warp_sync();
       if (lane < kMmaTile) {
         const int count = tiles * kMmaTile;
 #pragma unroll 16
@@ -147,12 +149,14 @@ __global__ void __launch_bounds__(kMmaThreads)
           score = __fadd_rn(score, __fmul_rn(w_s[g0 + h], indexer_relu(dots[h * kMmaTile + lane])));
         }
       }
-      __syncwarp();  // dots are rewritten by the next group
+      warp_sync();  // dots are rewritten by the next group
     }
     const int64_t s = s0 + warp * kMmaTile + lane;
     if (lane < kMmaTile && s < len) scores[b * n + s] = score;
   }
 }
+
+#endif  // JAX_TOPK_HAS_WMMA
 
 template <typename T>
 __global__ void __launch_bounds__(kExactThreads)
@@ -202,33 +206,40 @@ IndexerPlan plan_indexer(int64_t batch, int64_t n, int64_t k) {
 size_t indexer_scratch_bytes(int64_t batch, int64_t n, int64_t k) { return plan_indexer(batch, n, k).total; }
 
 bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim) {
+#if defined(JAX_TOPK_HAS_WMMA)
   const bool dim_fits = dim >= kMmaTile && dim <= kMmaMaxDim && (dim & (dim - 1)) == 0;  // 16, 32, 64, 128
   return dtype == DType::bfloat16 && heads % kMmaTile == 0 && heads > 0 && dim_fits &&
          mma_smem_bytes(heads, dim) <= 200 * 1024;
+#else
+  (void)dtype, (void)heads, (void)dim;
+  return false;  // HIP: the exact kernel scores every shape
+#endif
 }
 
-cudaError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
+gpuError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
                           const int32_t* lengths, int64_t batch, int64_t heads, int64_t n, int64_t dim, int64_t k,
-                          float* scores, int32_t* ids, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                          float* scores, int32_t* ids, void* scratch, size_t scratch_bytes, gpuStream_t stream) {
   if (!is_indexer_dtype(dtype) || batch < 0 || heads < 0 || dim < 0 || k < 0 || k > n || n > INT32_MAX ||
       batch > 65535 || heads > INT32_MAX || dim > INT32_MAX) {
-    return cudaErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
-  if (batch == 0 || k == 0) return cudaSuccess;
+  if (batch == 0 || k == 0) return gpuSuccess;
   const IndexerPlan plan = plan_indexer(batch, n, k);
-  if (scratch_bytes < plan.total) return cudaErrorInvalidValue;
+  if (scratch_bytes < plan.total) return gpuErrorInvalidValue;
   float* all_scores = at<float>(scratch, plan.scores);
+#if defined(JAX_TOPK_HAS_WMMA)
   if (indexer_uses_tensor_cores(dtype, heads, dim)) {
     const size_t smem = mma_smem_bytes(heads, dim);
-    cudaError_t err = cudaFuncSetAttribute(indexer_scores_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(smem));
-    if (err != cudaSuccess) return err;
+    gpuError_t err = gpu_set_max_dynamic_smem(indexer_scores_mma_kernel, int(smem));
+    if (err != gpuSuccess) return err;
     const int64_t per_block = int64_t(kMmaKeysPerStep) * kMmaStepsPerBlock;
     const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned(batch));
     indexer_scores_mma_kernel<<<grid, kMmaThreads, smem, stream>>>(
         static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(keys), weights, lengths, int(heads),
         n, int(dim), all_scores);
-  } else {
+  } else
+#endif
+  {
     const dim3 grid(unsigned((n + kExactThreads - 1) / kExactThreads), unsigned(batch));
     if (dtype == DType::float32) {
       indexer_scores_exact_kernel<float><<<grid, kExactThreads, 0, stream>>>(
@@ -240,8 +251,8 @@ cudaError_t indexer_top_k(DType dtype, const void* q, const void* keys, const fl
           int(dim), all_scores);
     }
   }
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  gpuError_t err = gpuGetLastError();
+  if (err != gpuSuccess) return err;
   return topk_rows(DType::float32, all_scores, scores, ids, batch, n, k, lengths, at<void>(scratch, plan.topk),
                    plan.topk_bytes, stream);
 }

@@ -2,7 +2,7 @@
 // (jax_topk/indexer.h). No XLA or JAX headers: ffi/indexer.cc calls it.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include "jax_topk/gpu_compat.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -27,9 +27,9 @@ bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim);
 // Scores: tensor cores (bfloat16 MMA, float32 accumulation in a fixed order
 // of 16-wide steps over dim) where indexer_uses_tensor_cores, else the exact
 // order of indexer.h (then bit-identical to the CPU kernel).
-cudaError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
+gpuError_t indexer_top_k(DType dtype, const void* q, const void* keys, const float* weights,
                           const int32_t* lengths, int64_t batch, int64_t heads, int64_t n, int64_t dim,
                           int64_t k, float* scores, int32_t* ids, void* scratch, size_t scratch_bytes,
-                          cudaStream_t stream);
+                          gpuStream_t stream);
 
 }  // namespace jax_topk::cuda

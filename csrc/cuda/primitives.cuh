@@ -3,8 +3,6 @@
 // slot reservation, a block scan and a vectorised row walk.
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -14,7 +12,7 @@
 #include "jax_topk/keys.h"
 
 // `#pragma unroll` for loops in host-callable code: host compilers warn on it.
-#if defined(__CUDA_ARCH__)
+#if defined(JAX_TOPK_DEVICE_PASS)
 #define JAX_TOPK_UNROLL _Pragma("unroll")
 #else
 #define JAX_TOPK_UNROLL
@@ -22,10 +20,7 @@
 
 namespace jax_topk::cuda {
 
-// The one place the kernels assume a warp width. HIP (wave64) will change it
-// together with the full-warp masks below.
-inline constexpr int kWarpSize = 32;
-inline constexpr unsigned kFullWarpMask = 0xffffffffu;
+// kWarpSize, kFullWarpMask and the warp collectives: jax_topk/gpu_compat.h.
 
 using u128 = unsigned __int128;
 
@@ -151,13 +146,13 @@ JAX_TOPK_UNROLL
 
 template <typename T>
 __device__ JAX_TOPK_FORCE_INLINE T shfl_xor_wide(T v, int lane_mask) {
-  return shuffle_words(v, [=](uint32_t w) { return __shfl_xor_sync(kFullWarpMask, w, lane_mask); });
+  return shuffle_words(v, [=](uint32_t w) { return warp_shfl_xor(w, lane_mask); });
 }
 
 // Lane src_lane's value, in every lane.
 template <typename T>
 __device__ JAX_TOPK_FORCE_INLINE T shfl_wide(T v, int src_lane) {
-  return shuffle_words(v, [=](uint32_t w) { return __shfl_sync(kFullWarpMask, w, src_lane); });
+  return shuffle_words(v, [=](uint32_t w) { return warp_shfl(w, src_lane); });
 }
 
 template <typename T>
@@ -176,7 +171,7 @@ static __device__ unsigned long long g_phase_cycles[kPhaseTimerSlots];  // one p
 struct PhaseTimer {
   long long last = 0;
   // clock64 exists in the device pass only.
-#if defined(__CUDA_ARCH__)
+#if defined(JAX_TOPK_DEVICE_PASS)
   __device__ PhaseTimer() : last(clock64()) {}
   __device__ JAX_TOPK_FORCE_INLINE void mark(int phase) {
     if (threadIdx.x == 0) {
@@ -202,13 +197,13 @@ __device__ JAX_TOPK_FORCE_INLINE int lane_id() { return int(threadIdx.x) & (kWar
 // gets its own slot. The slots' ORDER depends on scheduling, so callers only
 // use it to build sets (later sorted by the unique packed key).
 __device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool want) {
-  const unsigned mask = __ballot_sync(kFullWarpMask, want);
+  const unsigned mask = warp_ballot(want);
   if (mask == 0) return 0;
   const int leader = __ffs(mask) - 1;
   const int lane = lane_id();
   uint32_t base = 0;
   if (lane == leader) base = atomicAdd(counter, uint32_t(__popc(mask)));
-  base = __shfl_sync(kFullWarpMask, base, leader);
+  base = warp_shfl(base, leader);
   return base + uint32_t(__popc(mask & ((1u << lane) - 1u)));
 }
 
@@ -219,7 +214,7 @@ template <typename T>
 __device__ JAX_TOPK_FORCE_INLINE T warp_inclusive_sum(T v, int lane, int width = kWarpSize) {
 JAX_TOPK_UNROLL
   for (int d = 1; d < width; d *= 2) {
-    const T other = __shfl_up_sync(kFullWarpMask, v, d, width);
+    const T other = warp_shfl_up(v, d, width);
     if (lane >= d) v += other;
   }
   return v;

@@ -7,9 +7,6 @@
 
 #include <algorithm>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "cuda/routing_cuda.h"
 
 namespace jax_topk::cuda {
@@ -18,7 +15,6 @@ namespace {
 namespace rm = route_math;
 
 constexpr int kLanes = kRouteLanes;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kWarpsPerBlock = 4;
 
 template <DType D>
@@ -28,14 +24,14 @@ __device__ __forceinline__ float load_logit(const void* logits, int64_t i) {
   } else if constexpr (D == DType::bfloat16) {
     return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(logits) + i)) << 16);
   } else {
-    return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(logits) + i)));
+    return half_bits_to_float(__ldg(static_cast<const unsigned short*>(logits) + i));
   }
 }
 
 __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
-    const uint64_t other = __shfl_xor_sync(kFullMask, v, offset);
+    const uint64_t other = warp_shfl_xor(v, offset);
     v = other > v ? other : v;
   }
   return v;
@@ -47,7 +43,7 @@ template <int kWidth>
 __device__ __forceinline__ float segment_max_propagating(float v) {
 #pragma unroll
   for (int offset = kWidth / 2; offset > 0; offset /= 2) {
-    v = rm::max_propagating(v, __shfl_xor_sync(kFullMask, v, offset, kWidth));
+    v = rm::max_propagating(v, warp_shfl_xor(v, offset, kWidth));
   }
   return v;
 }
@@ -59,7 +55,7 @@ __device__ __forceinline__ float segment_max_propagating(float v) {
 template <int kWidth>
 __device__ __forceinline__ double segment_sum(double v) {
 #pragma unroll
-  for (int offset = kWidth / 2; offset > 0; offset /= 2) v = rm::add(v, __shfl_xor_sync(kFullMask, v, offset, kWidth));
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) v = rm::add(v, warp_shfl_xor(v, offset, kWidth));
   return v;
 }
 
@@ -72,10 +68,10 @@ __device__ __forceinline__ int warp_exclusive_sum(int v, int lane, int* total) {
   int inclusive = v;
 #pragma unroll
   for (int offset = 1; offset < kLanes; offset *= 2) {
-    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    const int other = warp_shfl_up(inclusive, offset);
     if (lane >= offset) inclusive += other;
   }
-  *total = __shfl_sync(kFullMask, inclusive, kLanes - 1);
+  *total = warp_shfl(inclusive, kLanes - 1);
   return inclusive - v;
 }
 
@@ -89,13 +85,8 @@ __device__ __forceinline__ uint64_t kth_lane_best_bound(uint64_t lane_best, int 
   const uint32_t high = uint32_t(lane_best >> 32);
   uint32_t below = 0xFFFFFFFFu;  // consider lanes whose high word is <= below
   for (;;) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const uint32_t m = __reduce_max_sync(kFullMask, high <= below ? high : 0u);
-#else
-    uint32_t m = high <= below ? high : 0u;
-    for (int offset = kLanes / 2; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(kFullMask, m, offset));
-#endif
-    if (m == 0 || __popc(__ballot_sync(kFullMask, high >= m)) >= k) return uint64_t(m) << 32;
+    const uint32_t m = warp_reduce_max(high <= below ? high : 0u);
+    if (m == 0 || __popc(warp_ballot(high >= m)) >= k) return uint64_t(m) << 32;
     below = m - 1;
   }
 }
@@ -158,8 +149,8 @@ __device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, i
       }
     }
     for (int offset = lanes_per_group / 2; offset > 0; offset /= 2) {  // merge pairs of top-2
-      const uint64_t other_first = __shfl_xor_sync(kFullMask, first, offset);
-      const uint64_t other_second = __shfl_xor_sync(kFullMask, second, offset);
+      const uint64_t other_first = warp_shfl_xor(first, offset);
+      const uint64_t other_second = warp_shfl_xor(second, offset);
       const uint64_t low_first = other_first > first ? first : other_first;
       const uint64_t next_second = other_first > first ? (other_second > first ? other_second : first)
                                                         : (second > other_first ? second : other_first);
@@ -172,7 +163,7 @@ __device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, i
       sh.group[g] = rm::pack_candidate(true, rm::selection_key(score), g);
     }
   }
-  __syncwarp();
+  warp_sync();
   // A group is kept when fewer than top_groups groups beat it; its lanes
   // then flag its experts.
   for (int g0 = 0; g0 < cfg.n_groups; g0 += kLanes / lanes_per_group) {
@@ -185,7 +176,7 @@ __device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, i
       for (int i = g * per_group + sub; i < (g + 1) * per_group; i += lanes_per_group) sh.kept[i] = kept;
     }
   }
-  __syncwarp();
+  warp_sync();
 }
 
 // The k best candidates (packed; 0 = none) of the warp, best first: lane j < k
@@ -219,7 +210,7 @@ __device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const flo
         ++offset;
       }
     }
-    __syncwarp();
+    warp_sync();
     for (int i = lane; i < total; i += kLanes) {
       const uint64_t mine = sh.candidate[i];
       int rank = 0;
@@ -229,12 +220,12 @@ __device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const flo
         sh.chosen_value[rank] = sh.candidate_value[i];
       }
     }
-    __syncwarp();
+    warp_sync();
     if (lane < k) {
       *id = sh.chosen_id[lane];
       *chosen_value = sh.chosen_value[lane];
     }
-    __syncwarp();  // the buffers are reused by the warp's next token
+    warp_sync();  // the buffers are reused by the warp's next token
     return;
   }
   for (int j = 0; j < k; ++j) {  // rare: more than kCandidateCapacity candidates
@@ -247,7 +238,7 @@ __device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const flo
     }
     const uint64_t winner = warp_max(best);
     const int e = rm::candidate_index(winner);
-    const float v = __shfl_sync(kFullMask, best_value, e % kLanes);
+    const float v = warp_shfl(best_value, e % kLanes);
     if (lane == e % kLanes) {
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) cand[s] = (s == e / kLanes) ? 0 : cand[s];
@@ -267,14 +258,14 @@ __device__ __forceinline__ void select_in_segment(uint64_t cand, float value, in
                                                   float* chosen_value) {
   int rank = 0;  // candidates are distinct; empty lanes (0) rank after every real one
 #pragma unroll
-  for (int j = 0; j < kWidth; ++j) rank += __shfl_sync(kFullMask, cand, j, kWidth) > cand;
+  for (int j = 0; j < kWidth; ++j) rank += warp_shfl(cand, j, kWidth) > cand;
   const int segment_base = lane & ~(kWidth - 1);
-  const unsigned segment_bits = kWidth == kLanes ? kFullMask : ((1u << kWidth) - 1u) << segment_base;
+  const unsigned segment_bits = (kFullWarpMask >> (kLanes - kWidth)) << segment_base;
   for (int j = 0; j < k; ++j) {
-    const unsigned holders = __ballot_sync(kFullMask, rank == j) & segment_bits;
+    const unsigned holders = warp_ballot(rank == j) & segment_bits;
     const int source = holders ? __ffs(holders) - 1 : segment_base;
-    const uint64_t c = __shfl_sync(kFullMask, cand, source);
-    const float v = __shfl_sync(kFullMask, value, source);
+    const uint64_t c = warp_shfl(cand, source);
+    const float v = warp_shfl(value, source);
     if ((lane & (kWidth - 1)) == j) {
       *id = rm::candidate_index(c);
       *chosen_value = v;
@@ -344,7 +335,7 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
     }
     if constexpr (kWidth == kLanes) {  // the launcher keeps groups on whole warps
       if (cfg.n_groups > 0) {
-        __syncwarp();
+        warp_sync();
         mark_kept_groups(cfg, sh, lane);
       }
     }
@@ -404,7 +395,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
        first += stride) {
     const int64_t token = first + segment;
     route_token<D, kSlots, kWidth>(logits, bias, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
-    if (cfg.n_groups > 0) __syncwarp();  // sh.c, sh.key and sh.kept are rewritten by the next token
+    if (cfg.n_groups > 0) warp_sync();  // sh.c, sh.key and sh.kept are rewritten by the next token
   }
 }
 
@@ -416,39 +407,38 @@ struct DeviceLimits {
   int max_shared = 0;
 };
 
-cudaError_t device_limits(DeviceLimits* out) {
+gpuError_t device_limits(DeviceLimits* out) {
   constexpr int kMaxDevices = 64;
   static DeviceLimits cache[kMaxDevices];
   int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device >= kMaxDevices) return cudaErrorInvalidDevice;
+  gpuError_t err = gpuGetDevice(&device);
+  if (err != gpuSuccess) return err;
+  if (device >= kMaxDevices) return gpuErrorInvalidDevice;
   DeviceLimits& d = cache[device];
   if (d.sms == 0) {
     DeviceLimits fresh;
-    err = cudaDeviceGetAttribute(&fresh.sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&fresh.max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
+    err = gpuDeviceGetAttribute(&fresh.sms, gpuDevAttrMultiProcessorCount, device);
+    if (err == gpuSuccess) err = gpuDeviceGetAttribute(&fresh.max_shared, gpuDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != gpuSuccess) return err;
     d = fresh;  // racing writers store the same values
   }
   *out = d;
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 template <DType D, int kSlots, int kWidth = kLanes>
-cudaError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
-                   cudaStream_t stream) {
+gpuError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
+                   gpuStream_t stream) {
   DeviceLimits dev;
-  cudaError_t err = device_limits(&dev);
-  if (err != cudaSuccess) return err;
+  gpuError_t err = device_limits(&dev);
+  if (err != gpuSuccess) return err;
   const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg);
-  if (smem > size_t(dev.max_shared)) return cudaErrorInvalidValue;
+  if (smem > size_t(dev.max_shared)) return gpuErrorInvalidValue;
   if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
     static bool opted_in = false;
     if (!opted_in) {
-      err = cudaFuncSetAttribute(route_tokens_kernel<D, kSlots, kWidth>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 dev.max_shared);
-      if (err != cudaSuccess) return err;
+      err = gpu_set_max_dynamic_smem(route_tokens_kernel<D, kSlots, kWidth>, dev.max_shared);
+      if (err != gpuSuccess) return err;
       opted_in = true;
     }
   }
@@ -458,14 +448,14 @@ cudaError_t launch(const void* logits, const float* bias, float* weights, int32_
   const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(dev.sms) * 16);
   route_tokens_kernel<D, kSlots, kWidth>
       <<<unsigned(blocks), kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights, ids, cfg);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 // Slots per lane: the smallest of these holding experts / 32. Up to 16
 // experts without groups: several tokens per warp, one lane per expert.
 template <DType D>
-cudaError_t launch_for_experts(const void* logits, const float* bias, float* weights, int32_t* ids,
-                               const RouteConfig& cfg, cudaStream_t stream) {
+gpuError_t launch_for_experts(const void* logits, const float* bias, float* weights, int32_t* ids,
+                               const RouteConfig& cfg, gpuStream_t stream) {
   if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(logits, bias, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(logits, bias, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(logits, bias, weights, ids, cfg, stream);
@@ -483,11 +473,11 @@ cudaError_t launch_for_experts(const void* logits, const float* bias, float* wei
 
 }  // namespace
 
-cudaError_t route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
-                         const RouteConfig& cfg, cudaStream_t stream) {
-  if (cfg.tokens == 0) return cudaSuccess;
+gpuError_t route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
+                         const RouteConfig& cfg, gpuStream_t stream) {
+  if (cfg.tokens == 0) return gpuSuccess;
   if (cfg.experts < 1 || cfg.experts > kRouteMaxExperts || cfg.k < 1 || cfg.k > cfg.experts || cfg.k > kRouteMaxK) {
-    return cudaErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
   switch (dtype) {
 #define JAX_TOPK_ROUTE_CASE(name) \
@@ -496,7 +486,7 @@ cudaError_t route_tokens(DType dtype, const void* logits, const float* bias, flo
     JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_ROUTE_CASE)
 #undef JAX_TOPK_ROUTE_CASE
     default:
-      return cudaErrorInvalidValue;
+      return gpuErrorInvalidValue;
   }
 }
 

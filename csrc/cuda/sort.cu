@@ -20,7 +20,7 @@
 //   stride >= E swap across lanes by shuffles, the rest in registers.
 // - kRowInBlock (n <= kSortBlockMaxN): one block per row, the row in
 //   registers (blocked: thread t holds elements t*items .. t*items+items-1),
-//   cub::BlockRadixSort of (sort key, index) pairs, written back striped
+//   a block radix sort (CUB, rocPRIM) of (sort key, index) pairs, written back striped
 //   (coalesced).
 // - kRowTiles: rows in chunks (scratch bound); an LSD radix sort of 8-bit
 //   digits where each pass is a stable counting sort WITHIN every row, so the
@@ -32,7 +32,6 @@
 // Deterministic: radix sorts are stable, and the packing leaves no choice;
 // the tile passes' look-back only sums counts, in a fixed order.
 
-#include <cub/block/block_radix_sort.cuh>
 
 #include <climits>
 #include <cstdint>
@@ -139,8 +138,8 @@ JAX_TOPK_UNROLL
 }
 
 template <typename U, int E = 1>
-cudaError_t launch_rows_in_warp(int slots, const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                                SortKeyMap<U> map, RowLengths<U> lengths, cudaStream_t stream) {
+gpuError_t launch_rows_in_warp(int slots, const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+                                SortKeyMap<U> map, RowLengths<U> lengths, gpuStream_t stream) {
   if constexpr (E <= kSortWarpMaxN / kWarpSize) {
     if (slots != E) {
       return launch_rows_in_warp<U, 2 * E>(slots, x, values, indices, rows, n, map, lengths, stream);
@@ -150,16 +149,16 @@ cudaError_t launch_rows_in_warp(int slots, const U* x, U* values, int32_t* indic
     if (grid > INT_MAX) grid = INT_MAX;
     sort_rows_in_warp_kernel<U, E><<<unsigned(grid), kSortWarpThreads, 0, stream>>>(
         x, values, indices, rows, int(n), map, lengths);
-    return cudaGetLastError();
+    return gpuGetLastError();
   } else {
-    return cudaErrorInvalidValue;  // n > kSortWarpMaxN: not this regime
+    return gpuErrorInvalidValue;  // n > kSortWarpMaxN: not this regime
   }
 }
 
 // ---------------------------------------------------------------------------
 // kRowInBlock
 template <typename U, int kThreads, int kItems>
-using RowBlockSort = cub::BlockRadixSort<U, kThreads, kItems, int32_t, kSortBlockRadixBits>;
+using RowBlockSort = BlockRadixSortPairs<U, kThreads, kItems, int32_t, kSortBlockRadixBits>;
 
 // CUB's temporaries live in dynamic shared memory: at 1024 threads they
 // outgrow the 48 KB a kernel may declare statically.
@@ -183,7 +182,7 @@ JAX_TOPK_UNROLL
       index[i] = j;
       key[i] = j < len ? map.sort_key(in[j]) : SortKeyMap<U>::kPastLength;
     }
-    BlockSort(temp).SortBlockedToStriped(key, index);
+    BlockSort::sort_blocked_to_striped(temp, key, index);
 JAX_TOPK_UNROLL
     for (int i = 0; i < kItems; ++i) {
       const int j = i * kThreads + tid;
@@ -194,29 +193,29 @@ JAX_TOPK_UNROLL
 }
 
 template <typename U, int kShape>
-cudaError_t launch_rows_in_block(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                                 SortKeyMap<U> map, RowLengths<U> lengths, cudaStream_t stream) {
+gpuError_t launch_rows_in_block(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+                                 SortKeyMap<U> map, RowLengths<U> lengths, gpuStream_t stream) {
   constexpr SortBlockShape kS = kSortBlockShapes[kShape];
   constexpr size_t kSmem = sizeof(typename RowBlockSort<U, kS.threads, kS.items>::TempStorage);
   auto* kernel = sort_rows_in_block_kernel<U, kS.threads, kS.items>;
   if (kSmem > 48 * 1024) {  // per launch: the attribute is per device (multi-GPU processes)
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    if (err != cudaSuccess) return err;
+    const gpuError_t err = gpu_set_max_dynamic_smem(kernel, int(kSmem));
+    if (err != gpuSuccess) return err;
   }
   const int64_t grid = rows < INT_MAX ? rows : INT_MAX;
   kernel<<<unsigned(grid), kS.threads, kSmem, stream>>>(x, values, indices, rows, int(n), map, lengths);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <typename U, int kShape = 0>
-cudaError_t dispatch_rows_in_block(int shape, const U* x, U* values, int32_t* indices, int64_t rows,
+gpuError_t dispatch_rows_in_block(int shape, const U* x, U* values, int32_t* indices, int64_t rows,
                                    int64_t n, SortKeyMap<U> map, RowLengths<U> lengths,
-                                   cudaStream_t stream) {
+                                   gpuStream_t stream) {
   if constexpr (kShape < kSortBlockShapeCount) {
     if (shape == kShape) return launch_rows_in_block<U, kShape>(x, values, indices, rows, n, map, lengths, stream);
     return dispatch_rows_in_block<U, kShape + 1>(shape, x, values, indices, rows, n, map, lengths, stream);
   } else {
-    return cudaErrorInvalidValue;  // n > kSortBlockMaxN: not this regime
+    return gpuErrorInvalidValue;  // n > kSortBlockMaxN: not this regime
   }
 }
 
@@ -281,7 +280,7 @@ __device__ JAX_TOPK_FORCE_INLINE unsigned lanes_with_same_digit(int d, unsigned 
 JAX_TOPK_UNROLL
   for (int b = 0; b < kSortDigitBits; ++b) {
     const bool bit = ((d >> b) & 1) != 0;
-    const unsigned set = __ballot_sync(kFullWarpMask, bit);
+    const unsigned set = warp_ballot(bit);
     peers &= bit ? set : ~set;
   }
   return peers;
@@ -363,15 +362,15 @@ JAX_TOPK_UNROLL
   for (int i = 0; i < kItems; ++i) {
     const bool real = warp * kWarpSpan + i * kWarpSize + lane < count;
     const int d = sort_digit(key[i], shift);
-    const unsigned peers = lanes_with_same_digit(d, __ballot_sync(kFullWarpMask, real));
+    const unsigned peers = lanes_with_same_digit(d, warp_ballot(real));
     const int leader = __ffs(peers) - 1;
     uint32_t base = 0;
     if (lane == leader && real) {
       base = warp_digit_counts[warp][d];
       warp_digit_counts[warp][d] = base + uint32_t(__popc(peers));
     }
-    rank[i] = __shfl_sync(kFullWarpMask, base, leader) + uint32_t(__popc(peers & lower_lanes));
-    __syncwarp();  // the next item's leaders read the counters this one's wrote
+    rank[i] = warp_shfl(base, leader) + uint32_t(__popc(peers & lower_lanes));
+    warp_sync();  // the next item's leaders read the counters this one's wrote
   }
   __syncthreads();
 
@@ -492,23 +491,23 @@ TilePlan plan_row_tiles(int64_t rows, int64_t n) {
 // outputs hold the middle pass), x -> A -> values for 16-bit keys, x -> values
 // for 8-bit keys.
 template <typename U>
-cudaError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+gpuError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
                           SortKeyMap<U> map, RowLengths<U> lengths, void* scratch,
-                          size_t scratch_bytes, cudaStream_t stream) {
+                          size_t scratch_bytes, gpuStream_t stream) {
   constexpr int kPasses = int(sizeof(U));
   const TilePlan plan = plan_row_tiles<U>(rows, n);
-  if (plan.total_bytes > scratch_bytes || scratch == nullptr) return cudaErrorInvalidValue;
+  if (plan.total_bytes > scratch_bytes || scratch == nullptr) return gpuErrorInvalidValue;
   const int tiles_per_row = int(sort_tiles_per_row(n));
   for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
     const int64_t chunk_rows = rows - row0 < plan.chunk_rows ? rows - row0 : plan.chunk_rows;
     const unsigned tiles = unsigned(chunk_rows * tiles_per_row);
-    cudaError_t err = cudaMemsetAsync(at<char>(scratch, plan.row_digit_counts), 0, plan.zeroed_bytes, stream);
-    if (err != cudaSuccess) return err;
+    gpuError_t err = gpuMemsetAsync(at<char>(scratch, plan.row_digit_counts), 0, plan.zeroed_bytes, stream);
+    if (err != gpuSuccess) return err;
     uint64_t* status[2] = {at<uint64_t>(scratch, plan.status[0]), at<uint64_t>(scratch, plan.status[1])};
     sort_tile_digit_counts_kernel<U><<<tiles, kSortTileThreads, 0, stream>>>(
         x, at<uint32_t>(scratch, plan.row_digit_counts), status[0], row0, int(n), tiles_per_row, map,
         lengths);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = gpuGetLastError()) != gpuSuccess) return err;
     // Buffers between passes: A (scratch) and the outputs' chunk, alternating.
     U* const buf_keys[2] = {kPasses > 1 ? at<U>(scratch, plan.keys) : nullptr, values + row0 * n};
     uint32_t* const buf_indices[2] = {kPasses > 1 ? at<uint32_t>(scratch, plan.indices) : nullptr,
@@ -544,14 +543,14 @@ cudaError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows,
       } else {
         sort_tile_pass_kernel<U, false, false><<<tiles, kSortTileThreads, 0, stream>>>(a);
       }
-      if ((err = cudaGetLastError()) != cudaSuccess) return err;
+      if ((err = gpuGetLastError()) != gpuSuccess) return err;
     }
   }
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 bool valid_problem(DType dtype, int64_t rows, int64_t n) {
-  return sort_cuda_dtype(dtype) && rows >= 0 && n >= 0 && n <= int64_t(INT32_MAX);
+  return sort_gpu_dtype(dtype) && rows >= 0 && n >= 0 && n <= int64_t(INT32_MAX);
 }
 
 }  // namespace
@@ -570,13 +569,13 @@ size_t sort_scratch_bytes(DType dtype, int64_t rows, int64_t n) {
   return sort_scratch_bytes(dtype, rows, n, choose_sort_regime(rows, n));
 }
 
-cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+gpuError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                       int64_t n, bool descending, const int32_t* lengths, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream, SortRegime regime) {
-  if (!valid_problem(dtype, rows, n)) return cudaErrorInvalidValue;
-  if (rows == 0 || n == 0) return cudaSuccess;
-  if (!sort_regime_holds(regime, n)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaErrorInvalidValue;
+                      size_t scratch_bytes, gpuStream_t stream, SortRegime regime) {
+  if (!valid_problem(dtype, rows, n)) return gpuErrorInvalidValue;
+  if (rows == 0 || n == 0) return gpuSuccess;
+  if (!sort_regime_holds(regime, n)) return gpuErrorInvalidValue;
+  gpuError_t err = gpuErrorInvalidValue;
   visit_dtype(dtype, [&](auto traits) {
     using Traits = decltype(traits);
     using U = typename Traits::Bits;
@@ -601,9 +600,9 @@ cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices
   return err;
 }
 
-cudaError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+gpuError_t sort_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                       int64_t n, bool descending, const int32_t* lengths, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream) {
+                      size_t scratch_bytes, gpuStream_t stream) {
   return sort_rows(dtype, x, values, indices, rows, n, descending, lengths, scratch, scratch_bytes, stream,
                    choose_sort_regime(rows, n));
 }

@@ -2,8 +2,6 @@
 // scratch, launches. Kernels are instantiated per key WIDTH (8/16/32/64 bits),
 // not per dtype: the dtype only selects a KeyCodec (primitives.cuh).
 
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
 
 #include <climits>
 #include <cstdint>
@@ -33,35 +31,39 @@ struct DeviceInfo {
 // Device properties do not change while the process runs. They are read once
 // per device: every custom call asks for them (to plan its workspace and its
 // launch), and host work on that path delays each launch.
-cudaError_t read_device(int device, DeviceInfo* info) {
+gpuError_t read_device(int device, DeviceInfo* info) {
   int sms = 0, l2 = 0, major = 0;
-  cudaError_t err;
-  if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return err;
-  if ((err = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device)) != cudaSuccess) return err;
-  if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess) return err;
+  gpuError_t err;
+  if ((err = gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, device)) != gpuSuccess) return err;
+  if ((err = gpuDeviceGetAttribute(&l2, gpuDevAttrL2CacheSize, device)) != gpuSuccess) return err;
+  if ((err = gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, device)) != gpuSuccess) return err;
   info->device = device;
   info->sm_count = sms > 0 ? sms : 1;
   info->l2_bytes = l2;
+  #if defined(JAX_TOPK_HAS_CLUSTERS)
   info->clusters = major >= 9;
-  return cudaSuccess;
+#else
+  info->clusters = false;  // (AMD reports gfx9 chips as major 9)
+#endif
+  return gpuSuccess;
 }
 
-cudaError_t query_device(DeviceInfo* info) {
+gpuError_t query_device(DeviceInfo* info) {
   constexpr int kCachedDevices = 64;
   static std::mutex mutex;
   static DeviceInfo cache[kCachedDevices];
   static bool cached[kCachedDevices] = {};
   int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
+  gpuError_t err = gpuGetDevice(&device);
+  if (err != gpuSuccess) return err;
   if (device < 0 || device >= kCachedDevices) return read_device(device, info);
   std::lock_guard<std::mutex> lock(mutex);
   if (!cached[device]) {
-    if ((err = read_device(device, &cache[device])) != cudaSuccess) return err;
+    if ((err = read_device(device, &cache[device])) != gpuSuccess) return err;
     cached[device] = true;
   }
   *info = cache[device];
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 // Everything topk_rows decides about a problem; topk_scratch_bytes runs the
@@ -74,8 +76,8 @@ struct Plan {
   int64_t candidate_capacity = 0;     // per candidate buffer
   // Scratch offsets (bytes from the scratch base).
   size_t state = 0, hist = 0, arrivals = 0, survivor_count = 0, candidate_count = 0;
-  size_t survivors = 0, candidates = 0, sorted = 0, offsets = 0, cub_temp = 0;
-  size_t cub_temp_bytes = 0;
+  size_t survivors = 0, candidates = 0, sorted = 0, offsets = 0, library_sort_temp = 0;
+  size_t library_sort_temp_bytes = 0;
   size_t total_bytes = 0;
 };
 
@@ -90,16 +92,16 @@ int64_t split_candidate_capacity(int64_t n) {
 }
 
 template <typename U>
-cudaError_t cub_sort_temp_bytes(int64_t rows, int64_t k, size_t* bytes) {
+gpuError_t query_library_sort_temp_bytes(int64_t rows, int64_t k, size_t* bytes) {
   using P = typename RadixPacked<U>::type;
   const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
   if (rows == 1) {
-    return cub::DeviceRadixSort::SortKeysDescending(nullptr, *bytes, static_cast<const P*>(nullptr),
-                                                    static_cast<P*>(nullptr), int(k), 0, end_bit);
+    return device_sort_keys_descending(nullptr, *bytes, static_cast<const P*>(nullptr), static_cast<P*>(nullptr),
+                                       int(k), 0, end_bit, gpuStream_t{});
   }
-  return cub::DeviceSegmentedRadixSort::SortKeysDescending(
-      nullptr, *bytes, static_cast<const P*>(nullptr), static_cast<P*>(nullptr), int(rows * k),
-      int(rows), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr) + 1, 0, end_bit);
+  return segmented_sort_keys_descending(nullptr, *bytes, static_cast<const P*>(nullptr), static_cast<P*>(nullptr),
+                                        int(rows * k), int(rows), static_cast<const int*>(nullptr),
+                                        static_cast<const int*>(nullptr) + 1, 0, end_bit, gpuStream_t{});
 }
 
 // The dispatcher's regime, or `forced` where that one holds the problem.
@@ -112,17 +114,17 @@ TopkRegime regime_for(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
 }
 
 template <typename U>
-cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
+gpuError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
                       std::optional<TopkRegime> forced, Plan* plan) {
   using P = typename RadixPacked<U>::type;
   Plan p;
   p.regime = regime_for<U>(rows, n, k, dev, forced);
-  if (forced && p.regime == TopkRegime::kEmpty && rows > 0 && k > 0) return cudaErrorInvalidValue;
+  if (forced && p.regime == TopkRegime::kEmpty && rows > 0 && k > 0) return gpuErrorInvalidValue;
   if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
       p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock ||
       p.regime == TopkRegime::kClusterRows) {
     *plan = p;
-    return cudaSuccess;
+    return gpuSuccess;
   }
   p.sort_in_block = k <= kRadixBlockSortMaxK;
   ScratchCursor cur;
@@ -141,16 +143,16 @@ cudaError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
     p.candidates = cur.take(size_t(rows) * 2 * size_t(p.candidate_capacity) * sizeof(P));
   }
   if (!p.sort_in_block) {
-    if (rows * k > INT_MAX) return cudaErrorInvalidValue;  // CUB's item count is an int
+    if (rows * k > INT_MAX) return gpuErrorInvalidValue;  // CUB's item count is an int
     p.sorted = cur.take(size_t(rows * k) * sizeof(P));
     p.offsets = cur.take(size_t(rows + 1) * sizeof(int));
-    const cudaError_t err = cub_sort_temp_bytes<U>(rows, k, &p.cub_temp_bytes);
-    if (err != cudaSuccess) return err;
-    p.cub_temp = cur.take(p.cub_temp_bytes);
+    const gpuError_t err = query_library_sort_temp_bytes<U>(rows, k, &p.library_sort_temp_bytes);
+    if (err != gpuSuccess) return err;
+    p.library_sort_temp = cur.take(p.library_sort_temp_bytes);
   }
   p.total_bytes = cur.used;
   *plan = p;
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 // ---------------------------------------------------------------------------
@@ -164,15 +166,15 @@ bool warp_rows_vectorised(const U* x, int64_t n, const RowLengths<U>& lengths) {
 }
 
 template <typename U>
-cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
                              int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
-                             cudaStream_t stream) {
+                             gpuStream_t stream) {
   const int lanes = warp_sort_lanes_per_row(n);
   int log2_lanes = 0;
   while ((1 << log2_lanes) < lanes) ++log2_lanes;
   const bool vectorised = warp_rows_vectorised(x, n, lengths);
   const int64_t blocks = (rows * lanes + kWarpSortThreads - 1) / kWarpSortThreads;
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (blocks > INT_MAX) return gpuErrorInvalidValue;
   const dim3 grid{unsigned(blocks)};
   const int list = int(next_pow2(k));
 #define JAX_TOPK_WARP_SORT_CASE(K)                                                              \
@@ -188,16 +190,16 @@ cudaError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t ro
     JAX_TOPK_WARP_SORT_CASE(16)
     JAX_TOPK_WARP_SORT_CASE(32)
     default:
-      return cudaErrorInvalidValue;  // the dispatcher never sends k > kWarpSortMaxK here
+      return gpuErrorInvalidValue;  // the dispatcher never sends k > kWarpSortMaxK here
   }
 #undef JAX_TOPK_WARP_SORT_CASE
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <typename U>
-cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
+gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
                                int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
-                               cudaStream_t stream) {
+                               gpuStream_t stream) {
   constexpr int kVec = int(16 / sizeof(U));
   const int lanes = ws_lanes(n, k);
   int log2_lanes = 0;
@@ -207,7 +209,7 @@ cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t 
   const int slots = ws_slots(n, lanes, kVec);
   const int capacity = ws_capacity(n);
   const int64_t blocks = (rows * lanes + kWarpSelectThreads - 1) / kWarpSelectThreads;
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (blocks > INT_MAX) return gpuErrorInvalidValue;
   const size_t smem = size_t(kWarpSelectThreads / lanes) * size_t(capacity + 1) * sizeof(uint64_t);
   const dim3 grid{unsigned(blocks)};
 #define JAX_TOPK_WARP_SELECT_CASE(E)                                                            \
@@ -218,7 +220,7 @@ cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t 
           capacity, codec, lengths);                                                            \
       break;                                                                                    \
     } else {                                                                                    \
-      return cudaErrorInvalidValue;                                                             \
+      return gpuErrorInvalidValue;                                                             \
     }
   switch (slots) {
     JAX_TOPK_WARP_SELECT_CASE(4)
@@ -227,42 +229,40 @@ cudaError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t 
     JAX_TOPK_WARP_SELECT_CASE(32)
     JAX_TOPK_WARP_SELECT_CASE(64)
     default:
-      return cudaErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64
+      return gpuErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64
   }
 #undef JAX_TOPK_WARP_SELECT_CASE
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
-// Sorts the unsorted survivors [rows][k] with CUB and writes the outputs.
+// Sorts the unsorted survivors [rows][k] with the library radix sort (CUB, rocPRIM) and writes the outputs.
 template <typename U>
-cudaError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
+gpuError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
                                        KeyCodec<U> codec, U pad_bits, U* values, int32_t* indices,
-                                       cudaStream_t stream) {
+                                       gpuStream_t stream) {
   using P = typename RadixPacked<U>::type;
   const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
   P* survivors = at<P>(scratch, plan.survivors);
   P* sorted = at<P>(scratch, plan.sorted);
   int* offsets = at<int>(scratch, plan.offsets);
-  void* temp = at<void>(scratch, plan.cub_temp);
-  size_t temp_bytes = plan.cub_temp_bytes;
-  cudaError_t err;
+  void* temp = at<void>(scratch, plan.library_sort_temp);
+  size_t temp_bytes = plan.library_sort_temp_bytes;
+  gpuError_t err;
   if (rows == 1) {
-    err = cub::DeviceRadixSort::SortKeysDescending(temp, temp_bytes, survivors, sorted, int(k), 0,
-                                                   end_bit, stream);
+    err = device_sort_keys_descending(temp, temp_bytes, survivors, sorted, int(k), 0, end_bit, stream);
   } else {
     segment_offsets_kernel<<<unsigned((rows + 256) / 256), 256, 0, stream>>>(offsets, rows, k);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    err = cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, temp_bytes, survivors, sorted,
-                                                            int(rows * k), int(rows), offsets,
-                                                            offsets + 1, 0, end_bit, stream);
+    if ((err = gpuGetLastError()) != gpuSuccess) return err;
+    err = segmented_sort_keys_descending(temp, temp_bytes, survivors, sorted, int(rows * k), int(rows), offsets,
+                                         offsets + 1, 0, end_bit, stream);
   }
-  if (err != cudaSuccess) return err;
+  if (err != gpuSuccess) return err;
   const int64_t count = rows * k;
   int64_t blocks = (count + 255) / 256;
   if (blocks > 65536) blocks = 65536;
   write_sorted_kernel<U><<<unsigned(blocks), 256, 0, stream>>>(sorted, count, codec, pad_bits, values,
                                                                indices);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 // Per-kernel launch preparation, cached: raising the dynamic shared memory
@@ -277,34 +277,34 @@ struct KernelPrep {
   int per_sm;
 };
 
-cudaError_t prepare_kernel_uncached(int device, const void* fn, int threads, size_t smem,
+gpuError_t prepare_kernel_uncached(int device, const void* fn, int threads, size_t smem,
                                     int* per_sm) {
-  cudaFuncAttributes attributes;
-  cudaError_t err = cudaFuncGetAttributes(&attributes, fn);
-  if (err != cudaSuccess) return err;
+  gpuFuncAttributes attributes;
+  gpuError_t err = gpuFuncGetAttributes(&attributes, fn);
+  if (err != gpuSuccess) return err;
   if (smem + attributes.sharedSizeBytes > 48 * 1024) {
     // Opt in to the device's whole per-block maximum, never to `smem`: the
     // attribute is one value per kernel, and lowering it for a small launch
     // would break a larger launch whose preparation is already cached.
     int optin = 0;
-    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != cudaSuccess) return err;
+    err = gpuDeviceGetAttribute(&optin, gpuDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != gpuSuccess) return err;
     const int most = optin - int(attributes.sharedSizeBytes);
-    if (int64_t(smem) > most) return cudaErrorInvalidValue;
-    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, most);
-    if (err != cudaSuccess) return err;
+    if (int64_t(smem) > most) return gpuErrorInvalidValue;
+    err = gpu_set_max_dynamic_smem(fn, most);
+    if (err != gpuSuccess) return err;
   }
   *per_sm = 0;
   if (threads > 0) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fn, threads, smem);
-    if (err != cudaSuccess) return err;
+    err = gpuOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fn, threads, smem);
+    if (err != gpuSuccess) return err;
   }
   if (*per_sm < 1) *per_sm = 1;
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 // threads == 0: only the shared-memory opt-in (per_sm may be null).
-cudaError_t prepare_kernel(int device, const void* fn, int threads, size_t smem, int* per_sm) {
+gpuError_t prepare_kernel(int device, const void* fn, int threads, size_t smem, int* per_sm) {
   constexpr int kEntries = 256;
   static std::mutex mutex;
   static KernelPrep cache[kEntries];
@@ -316,17 +316,17 @@ cudaError_t prepare_kernel(int device, const void* fn, int threads, size_t smem,
     const KernelPrep& e = cache[i];
     if (e.device == device && e.fn == fn && e.smem == smem && e.threads == threads) {
       *per_sm = e.per_sm;
-      return cudaSuccess;
+      return gpuSuccess;
     }
   }
-  const cudaError_t err = prepare_kernel_uncached(device, fn, threads, smem, per_sm);
-  if (err != cudaSuccess) return err;
+  const gpuError_t err = prepare_kernel_uncached(device, fn, threads, smem, per_sm);
+  if (err != gpuSuccess) return err;
   if (used < kEntries) cache[used++] = KernelPrep{device, fn, smem, threads, *per_sm};
-  return cudaSuccess;
+  return gpuSuccess;
 }
 
 template <typename Kernel>
-cudaError_t allow_dynamic_smem(const DeviceInfo& dev, Kernel kernel, size_t bytes) {
+gpuError_t allow_dynamic_smem(const DeviceInfo& dev, Kernel kernel, size_t bytes) {
   return prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), 0, bytes, nullptr);
 }
 
@@ -343,18 +343,18 @@ int64_t persistent_row_grid(int per_sm, const DeviceInfo& dev, int64_t rows,
 }
 
 template <typename U, bool kSortInBlock>
-cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, const U* x,
+gpuError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, const U* x,
                                        U* values, int32_t* indices, int64_t rows, int64_t n,
                                        int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
-                                       void* scratch, cudaStream_t stream) {
+                                       void* scratch, gpuStream_t stream) {
   using P = typename RadixPacked<U>::type;
   auto kernel = radix_topk_row_per_block_kernel<U, kSortInBlock>;
   const size_t smem = kRadixBins * sizeof(uint32_t) + 2 * size_t(plan.candidate_capacity) * sizeof(P) +
                       (kSortInBlock ? size_t(next_pow2(k)) * sizeof(P) : 0);
   int per_sm = 0;
-  cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
+  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
                                    smem, &per_sm);
-  if (err != cudaSuccess) return err;
+  if (err != gpuSuccess) return err;
   // Rows in flight stay in L2 for the re-reads of later scans (two copies'
   // worth of room per row: the row and what the scans touch).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, 2 * n * int64_t(sizeof(U)));
@@ -362,36 +362,36 @@ cudaError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, 
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n),
                                                           int(plan.candidate_capacity), codec,
                                                           lengths, values, indices, survivors_global);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 // kThresholdRowPerBlock: a persistent grid of one-row blocks; rows in flight
 // are capped by L2 so that the second read of a row (the compaction) hits L2.
 template <typename U, int kR, int kUnroll>
-cudaError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, U* values,
+gpuError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, U* values,
                                               int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                               KeyCodec<U> codec, RowLengths<U> lengths,
-                                              cudaStream_t stream) {
+                                              gpuStream_t stream) {
   auto kernel = threshold_topk_row_per_block_kernel<U, kR, kUnroll>;
   constexpr size_t smem = threshold_smem_bytes(kR);
   int per_sm = 0;
-  cudaError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
+  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
                                    smem, &per_sm);
-  if (err != cudaSuccess) return err;
+  if (err != gpuSuccess) return err;
   // A block holds one row between its two reads: rows in flight * row bytes
   // <= L2 (part of each block's time is the candidate ranking, with its row
   // no longer needed).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
   kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
                                                           lengths, values, indices);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <typename U, int kR>
-cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
+gpuError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                              KeyCodec<U> codec, RowLengths<U> lengths,
-                                             cudaStream_t stream) {
+                                             gpuStream_t stream) {
   constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
   if (kWide != kNarrow && rows <= dev.sm_count) {
     return launch_threshold_row_per_block_ru<U, kR, kWide>(dev, x, values, indices, rows, n, k, codec,
@@ -402,10 +402,10 @@ cudaError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, 
 }
 
 template <typename U>
-cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* values,
+gpuError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* values,
                                            int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                            KeyCodec<U> codec, RowLengths<U> lengths,
-                                           cudaStream_t stream) {
+                                           gpuStream_t stream) {
   if constexpr (sizeof(U) <= 4) {
     switch (threshold_slots(k, int(sizeof(U)))) {
       case 1:
@@ -415,25 +415,26 @@ cudaError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U*
       case 8:
         return launch_threshold_row_per_block_r<U, 8>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
       default:
-        return cudaErrorInvalidValue;
+        return gpuErrorInvalidValue;
     }
   } else {
-    return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
+    return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
   }
 }
 
 // kClusterRows: a cluster of cluster_blocks_per_row(n) blocks per row.
 template <typename U>
-cudaError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
+gpuError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                 int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
-                                RowLengths<U> lengths, cudaStream_t stream) {
+                                RowLengths<U> lengths, gpuStream_t stream) {
+#if defined(JAX_TOPK_HAS_CLUSTERS)
   if constexpr (sizeof(U) <= 4) {
     const int blocks = cluster_blocks_per_row(n);
-    if (rows * blocks > INT_MAX) return cudaErrorInvalidValue;
+    if (rows * blocks > INT_MAX) return gpuErrorInvalidValue;
     auto kernel = cluster_topk_rows_kernel<U>;
     const size_t smem = cluster_smem_bytes<U>(cluster_chunk<U>(n, blocks), k);
-    cudaError_t err = allow_dynamic_smem(dev, kernel, smem);
-    if (err != cudaSuccess) return err;
+    gpuError_t err = allow_dynamic_smem(dev, kernel, smem);
+    if (err != gpuSuccess) return err;
     cudaLaunchAttribute attribute;
     attribute.id = cudaLaunchAttributeClusterDimension;
     attribute.val.clusterDim.x = unsigned(blocks);
@@ -447,15 +448,15 @@ cudaError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, in
     config.attrs = &attribute;
     config.numAttrs = 1;
     return cudaLaunchKernelEx(&config, kernel, x, n, k, codec, lengths, values, indices);
-  } else {
-    return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
   }
+#endif
+  return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys, and GPUs without clusters, off this regime
 }
 
 template <typename U>
-cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
+gpuError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                    int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
-                                   RowLengths<U> lengths, void* scratch, cudaStream_t stream) {
+                                   RowLengths<U> lengths, void* scratch, gpuStream_t stream) {
   using P = typename RadixPacked<U>::type;
   RadixSplitScratch<P> s;
   s.state = at<RadixState<P>>(scratch, plan.state);
@@ -468,8 +469,8 @@ cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, cons
   s.candidate_capacity = plan.candidate_capacity;
 
   radix_split_init_kernel<U><<<unsigned(rows), 256, 0, stream>>>(s, n, k, lengths);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  gpuError_t err = gpuGetLastError();
+  if (err != gpuSuccess) return err;
   const int index_bits = radix_index_bits(n);
   const int passes = radix_field_count(int(sizeof(U) * 8), index_bits);
   const dim3 grid(unsigned(plan.blocks_per_row), unsigned(rows));
@@ -478,32 +479,32 @@ cudaError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, cons
   for (int pass = 0; pass <= passes; ++pass) {
     const bool gather = pass == passes;
     radix_split_scan_kernel<U><<<grid, kRadixThreads, 0, stream>>>(x, n, k, index_bits, codec, s, gather);
-    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+    if ((err = gpuGetLastError()) != gpuSuccess) return err;
   }
-  if (!plan.sort_in_block) return cudaSuccess;  // the caller sorts device-wide
+  if (!plan.sort_in_block) return gpuSuccess;  // the caller sorts device-wide
   const size_t smem = size_t(next_pow2(k)) * sizeof(P);
-  if ((err = allow_dynamic_smem(dev, sort_survivors_kernel<U>, smem)) != cudaSuccess) return err;
+  if ((err = allow_dynamic_smem(dev, sort_survivors_kernel<U>, smem)) != gpuSuccess) return err;
   sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec,
                                                                             lengths.pad_bits, values,
                                                                             indices);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <typename U>
-cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* values,
+gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* values,
                      int32_t* indices, int64_t rows, int64_t n, int64_t k, void* scratch,
-                     size_t scratch_bytes, cudaStream_t stream, std::optional<TopkRegime> forced) {
+                     size_t scratch_bytes, gpuStream_t stream, std::optional<TopkRegime> forced) {
   DeviceInfo dev;
-  cudaError_t err = query_device(&dev);
-  if (err != cudaSuccess) return err;
+  gpuError_t err = query_device(&dev);
+  if (err != gpuSuccess) return err;
   Plan plan;
-  if ((err = make_plan<U>(rows, n, k, dev, forced, &plan)) != cudaSuccess) return err;
+  if ((err = make_plan<U>(rows, n, k, dev, forced, &plan)) != gpuSuccess) return err;
   if (plan.total_bytes > scratch_bytes || (plan.total_bytes > 0 && scratch == nullptr)) {
-    return cudaErrorInvalidValue;
+    return gpuErrorInvalidValue;
   }
   switch (plan.regime) {
     case TopkRegime::kEmpty:
-      return cudaSuccess;
+      return gpuSuccess;
     case TopkRegime::kTinyRows:
     case TopkRegime::kSmallK:
       if constexpr (sizeof(U) <= 4) {
@@ -512,7 +513,7 @@ cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* va
         }
         return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, lengths, stream);
       } else {
-        return cudaErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
+        return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
       }
     case TopkRegime::kRadixRowPerBlock:
       if (plan.sort_in_block) {
@@ -521,7 +522,7 @@ cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* va
       }
       err = launch_radix_row_per_block<U, false>(plan, dev, x, values, indices, rows, n, k, codec,
                                                  lengths, scratch, stream);
-      if (err != cudaSuccess) return err;
+      if (err != gpuSuccess) return err;
       return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
                                            indices, stream);
     case TopkRegime::kThresholdRowPerBlock:
@@ -532,11 +533,11 @@ cudaError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* va
     case TopkRegime::kRadixSplitRow:
       err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, lengths,
                                       scratch, stream);
-      if (err != cudaSuccess || plan.sort_in_block) return err;
+      if (err != gpuSuccess || plan.sort_in_block) return err;
       return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
                                            indices, stream);
   }
-  return cudaErrorInvalidValue;
+  return gpuErrorInvalidValue;
 }
 
 bool valid_problem(int64_t rows, int64_t n, int64_t k) {
@@ -547,23 +548,23 @@ size_t scratch_bytes_in(DType dtype, int64_t rows, int64_t n, int64_t k,
                         std::optional<TopkRegime> forced) {
   if (!valid_problem(rows, n, k)) return 0;
   DeviceInfo dev;
-  if (query_device(&dev) != cudaSuccess) return 0;
+  if (query_device(&dev) != gpuSuccess) return 0;
   size_t bytes = 0;
   visit_dtype(dtype, [&](auto traits) {
     using U = typename decltype(traits)::Bits;
     Plan plan;
-    if (make_plan<U>(rows, n, k, dev, forced, &plan) == cudaSuccess) bytes = plan.total_bytes;
+    if (make_plan<U>(rows, n, k, dev, forced, &plan) == gpuSuccess) bytes = plan.total_bytes;
   });
   return bytes;
 }
 
-cudaError_t topk_rows_in(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+gpuError_t topk_rows_in(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                          int64_t n, int64_t k, const int32_t* lengths, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream,
+                         size_t scratch_bytes, gpuStream_t stream,
                          std::optional<TopkRegime> forced) {
-  if (!valid_problem(rows, n, k)) return cudaErrorInvalidValue;
-  if (rows == 0 || k == 0) return cudaSuccess;
-  cudaError_t err = cudaErrorInvalidValue;  // stays so for a dtype outside the table
+  if (!valid_problem(rows, n, k)) return gpuErrorInvalidValue;
+  if (rows == 0 || k == 0) return gpuSuccess;
+  gpuError_t err = gpuErrorInvalidValue;  // stays so for a dtype outside the table
   visit_dtype(dtype, [&](auto traits) {
     using Traits = decltype(traits);
     using U = typename Traits::Bits;
@@ -584,26 +585,26 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k, TopkR
   return scratch_bytes_in(dtype, rows, n, k, regime);
 }
 
-cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+gpuError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                       int64_t n, int64_t k, const int32_t* lengths, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream) {
+                      size_t scratch_bytes, gpuStream_t stream) {
   return topk_rows_in(dtype, x, values, indices, rows, n, k, lengths, scratch, scratch_bytes, stream,
                       std::nullopt);
 }
 
-cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
+gpuError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices, int64_t rows,
                       int64_t n, int64_t k, const int32_t* lengths, void* scratch,
-                      size_t scratch_bytes, cudaStream_t stream, TopkRegime regime) {
+                      size_t scratch_bytes, gpuStream_t stream, TopkRegime regime) {
   return topk_rows_in(dtype, x, values, indices, rows, n, k, lengths, scratch, scratch_bytes, stream,
                       regime);
 }
 
 #if defined(JAX_TOPK_PHASE_TIMING)
-cudaError_t read_phase_cycles(unsigned long long* out) {
-  cudaError_t err = cudaMemcpyFromSymbol(out, g_phase_cycles, sizeof(g_phase_cycles));
-  if (err != cudaSuccess) return err;
+gpuError_t read_phase_cycles(unsigned long long* out) {
+  gpuError_t err = gpuMemcpyFromSymbol(out, g_phase_cycles, sizeof(g_phase_cycles));
+  if (err != gpuSuccess) return err;
   const unsigned long long zeros[kPhaseTimerSlots] = {};
-  return cudaMemcpyToSymbol(g_phase_cycles, zeros, sizeof(zeros));
+  return gpuMemcpyToSymbol(g_phase_cycles, zeros, sizeof(zeros));
 }
 #endif
 

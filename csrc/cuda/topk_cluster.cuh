@@ -28,7 +28,9 @@
 // ragged batch still use the whole cluster. Rows with len <= k select all.
 #pragma once
 
+#if defined(JAX_TOPK_HAS_CLUSTERS)
 #include <cooperative_groups.h>
+#endif
 
 #include "cuda/block_rank.cuh"
 #include "cuda/primitives.cuh"
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
     cluster_topk_rows_kernel(const U* __restrict__ x, int64_t n, int64_t k, KeyCodec<U> codec,
                              RowLengths<U> lengths, U* __restrict__ values,
                              int32_t* __restrict__ indices) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(JAX_TOPK_HAS_CLUSTERS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
@@ -231,7 +233,7 @@ JAX_TOPK_UNROLL
         const bool above = uint32_t(tid) > digit;
 JAX_TOPK_UNROLL
         for (int b = 0; b < kClusterMaxBlocks; ++b) {
-          const uint32_t sum = __reduce_add_sync(kFullWarpMask, above ? bin_of[b] : 0u);
+          const uint32_t sum = warp_reduce_add(above ? bin_of[b] : 0u);
           if (lane_id() == 0 && sum != 0) atomicAdd(&ss.above_of[b], sum);
           if (uint32_t(tid) == digit) ss.bucket_of[b] = bin_of[b];
         }
@@ -328,7 +330,7 @@ JAX_TOPK_UNROLL
   }
   timer.mark(kClusterPhaseRank);
 #else
-  __trap();  // the dispatcher sends this regime to sm_90 and newer only
+  gpu_trap();  // the dispatcher sends this regime to CUDA sm_90 and newer only
 #endif
 }
 

@@ -2,7 +2,7 @@
 // the FFI layer (ffi/topk.cc) decodes buffers and calls these.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include "jax_topk/gpu_compat.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -30,24 +30,24 @@ size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k);
 // the dtype's lowest value (DTypeTraits::kLowestBits) and index -1: the same
 // as cpu::topk_rows with the clamped lengths. The kernel is still chosen from
 // (rows, n, k).
-cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
+gpuError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
                       int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
-                      void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                      void* scratch, size_t scratch_bytes, gpuStream_t stream);
 
 // The same in a given regime instead of the dispatcher's (benchmarks and
-// tests compare regimes): cudaErrorInvalidValue / 0 bytes where the regime
+// tests compare regimes): gpuErrorInvalidValue / 0 bytes where the regime
 // does not hold the problem (topk_regime_holds).
 size_t topk_scratch_bytes(DType dtype, int64_t rows, int64_t n, int64_t k, TopkRegime regime);
-cudaError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
+gpuError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
                       int64_t rows, int64_t n, int64_t k, const int32_t* lengths,
-                      void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                      void* scratch, size_t scratch_bytes, gpuStream_t stream,
                       TopkRegime regime);
 
 #if defined(JAX_TOPK_PHASE_TIMING)
 // Builds with phase timing only: copies the per-phase clock-cycle counters of
 // the kernels that mark phases (PhaseTimer in primitives.cuh) into out[0:8)
 // and zeroes them.
-cudaError_t read_phase_cycles(unsigned long long* out);
+gpuError_t read_phase_cycles(unsigned long long* out);
 #endif
 
 }  // namespace jax_topk::cuda

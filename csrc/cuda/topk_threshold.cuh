@@ -149,13 +149,13 @@ struct CompactAtLeast {
   __device__ JAX_TOPK_FORCE_INLINE void between() {
     pending = mask;
     mask = 0;
-    if (!__any_sync(kFullWarpMask, pending != 0)) return;  // uniform: sparse candidates
+    if (!warp_any(pending != 0)) return;  // uniform: sparse candidates
     const uint32_t count = uint32_t(__popc(pending));
     const int lane = lane_id();
     const uint32_t inclusive = warp_inclusive_sum(count, lane);
     uint32_t base = 0;
     if (lane == kWarpSize - 1) base = atomicAdd(counter, inclusive);
-    slot = __shfl_sync(kFullWarpMask, base, kWarpSize - 1) + inclusive - count;
+    slot = warp_shfl(base, kWarpSize - 1) + inclusive - count;
   }
   __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i, bool, int pos) {
     if (pending & (1u << pos)) {

@@ -221,7 +221,7 @@ JAX_TOPK_UNROLL
 
 template <typename M>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_popc(M m) {
-#if defined(__CUDA_ARCH__)
+#if defined(JAX_TOPK_DEVICE_PASS)
   if constexpr (sizeof(M) == 8) {
     return __popcll(m);
   } else {
@@ -234,7 +234,7 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_popc(M m) {
 
 template <typename M>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_lowest_bit(M m) {
-#if defined(__CUDA_ARCH__)
+#if defined(JAX_TOPK_DEVICE_PASS)
   if constexpr (sizeof(M) == 8) {
     return __ffsll((long long)m) - 1;
   } else {
@@ -245,7 +245,7 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_lowest_bit(M m) {
 #endif
 }
 
-#if defined(__CUDACC__)
+#if defined(JAX_TOPK_GPU_COMPILER)
 // Sorts the L*R values of each group of L lanes descending (R = 1 or 2 values
 // per lane, element i = gl*R + r). All 32 lanes call it with the same L.
 // Unrolled per L (a run-time L costs a loop and branches per stage).
@@ -258,9 +258,9 @@ JAX_TOPK_UNROLL
     for (int stride = size / 2; stride > 0; stride /= 2) {
       if (stride < R) {  // R == 2, stride == 1: the lane's own pair (i = 2*gl)
         const bool desc = ((2 * gl) & size) == 0;
-        const T hi = max_of(v[0], v[1]), lo = min_of(v[0], v[1]);
+        const T hi = max_of(v[0], v[R - 1]), lo = min_of(v[0], v[R - 1]);  // (R - 1: 1, spelled so R == 1 compiles cleanly)
         v[0] = desc ? hi : lo;
-        v[1] = desc ? lo : hi;
+        v[R - 1] = desc ? lo : hi;
       } else {
         const int lane_stride = stride / R;
         const bool keep_max = ((gl * R) & stride) == 0;
@@ -348,12 +348,12 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
 
   auto group_scan = [&](int mine, int* total) {
     const int incl = warp_inclusive_sum(mine, gl, L);
-    *total = __shfl_sync(kFullWarpMask, incl, group_base + L - 1);
+    *total = warp_shfl(incl, group_base + L - 1);
     return incl - mine;
   };
   int total = 0;
   int offset = group_scan(ws_popc(cand), &total);
-  bool overflow = __any_sync(kFullWarpMask, total > capacity);
+  bool overflow = warp_any(total > capacity);
   if (overflow) {
     // Tier 2: threshold on packed values (ties broken by index).
     uint64_t pm0, pm1;
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     const uint64_t t64 = ws_threshold(pm0, pm1, two_groups, gl, log2_lanes, group_base, k);
     cand = ws_packed_candidates(key, gl, L, kVec, vectorised, t64) & valid_mask;
     offset = group_scan(ws_popc(cand), &total);
-    overflow = __any_sync(kFullWarpMask, total > capacity);
+    overflow = warp_any(total > capacity);
   }
   const int64_t out = row * int64_t(k);
   if (overflow) {
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     const uint32_t i = uint32_t(ws_slot_index(s, gl, L, kVec, vectorised));
     seg[offset++] = ws_pack(uint32_t(codec.key(in[i])), i);
   }
-  __syncwarp();
+  warp_sync();
   if (!row_valid) return;
   // Candidate j writes itself at its rank. Fewer candidates than k only in a
   // row shorter than k (all its elements are candidates): the same loop
@@ -405,6 +405,6 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     if (rank < k) write_packed_output(p, codec, lengths.pad_bits, values, indices, out + rank);
   }
 }
-#endif  // __CUDACC__
+#endif  // JAX_TOPK_GPU_COMPILER
 
 }  // namespace jax_topk::cuda

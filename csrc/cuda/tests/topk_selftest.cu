@@ -1044,7 +1044,7 @@ void run_sort_suite(bool quick, bool big) {
   for (int64_t d : {-1, 0, 1}) ns.push_back(2 * kSortTileElements + d);
   std::vector<DType> dtypes;
   for (DType d : kAllDtypes) {
-    if (sort_cuda_dtype(d)) dtypes.push_back(d);
+    if (sort_gpu_dtype(d)) dtypes.push_back(d);
   }
   auto run_ns = [&](const std::vector<int64_t>& lengths_of_rows) {
     for (DType d : dtypes) {

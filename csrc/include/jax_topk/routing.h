@@ -77,7 +77,7 @@ struct RouteConfig {
 namespace route_math {
 
 // ---- explicitly rounded IEEE operations --------------------------------------
-#if defined(__CUDA_ARCH__)
+#if defined(JAX_TOPK_DEVICE_PASS)
 JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE float add(float a, float b) { return __fadd_rn(a, b); }
 JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE float sub(float a, float b) { return __fsub_rn(a, b); }
 JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE float mul(float a, float b) { return __fmul_rn(a, b); }
@@ -89,20 +89,21 @@ JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE double div(double a, double b) { return __
 JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE float bits_to_float(int32_t i) { return __int_as_float(i); }
 JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE int32_t float_to_bits(float f) { return __float_as_int(f); }
 #else
-inline float add(float a, float b) { return a + b; }
-inline float sub(float a, float b) { return a - b; }
-inline float mul(float a, float b) { return a * b; }
-inline float div(float a, float b) { return a / b; }
-inline float sqrt(float a) { return __builtin_sqrtf(a); }
-inline double add(double a, double b) { return a + b; }
-inline double mul(double a, double b) { return a * b; }
-inline double div(double a, double b) { return a / b; }
-inline float bits_to_float(int32_t i) {
+// (Host-device in a GPU compiler's host pass, where clang checks device callers.)
+JAX_TOPK_HOST_DEVICE inline float add(float a, float b) { return a + b; }
+JAX_TOPK_HOST_DEVICE inline float sub(float a, float b) { return a - b; }
+JAX_TOPK_HOST_DEVICE inline float mul(float a, float b) { return a * b; }
+JAX_TOPK_HOST_DEVICE inline float div(float a, float b) { return a / b; }
+JAX_TOPK_HOST_DEVICE inline float sqrt(float a) { return __builtin_sqrtf(a); }
+JAX_TOPK_HOST_DEVICE inline double add(double a, double b) { return a + b; }
+JAX_TOPK_HOST_DEVICE inline double mul(double a, double b) { return a * b; }
+JAX_TOPK_HOST_DEVICE inline double div(double a, double b) { return a / b; }
+JAX_TOPK_HOST_DEVICE inline float bits_to_float(int32_t i) {
   float f;
   std::memcpy(&f, &i, sizeof f);
   return f;
 }
-inline int32_t float_to_bits(float f) {
+JAX_TOPK_HOST_DEVICE inline int32_t float_to_bits(float f) {
   int32_t i;
   std::memcpy(&i, &f, sizeof i);
   return i;

@@ -34,7 +34,7 @@ inline const char* sort_regime_name(SortRegime r) {
 // Keys of at most 32 bits (the tile regime carries a 32-bit index beside each
 // key through its passes). Wider keys (float64, int64, uint64) are not sorted
 // by the CUDA kernels (the op lowers to the pure-JAX sort there).
-constexpr bool sort_cuda_dtype(DType d) { return dtype_bytes(d) <= 4; }
+constexpr bool sort_gpu_dtype(DType d) { return dtype_bytes(d) <= 4; }
 
 // Longest row sorted by one warp. A row of n takes sort_warp_slots(n) = next
 // power of two >= n / 32 packed u64 per lane. On an H200 (float32, 16384 or
