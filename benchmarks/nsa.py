@@ -1,0 +1,155 @@
+"""The NSA issue's benchmark, side by side in one process.
+
+    python benchmarks/nsa.py [--seqlens 8192,16384,32768,65536] [--heads 64] [--kv-heads 4]
+                             [--dim 128] [--no-backward] [--out benchmarks/results]
+
+B=1 sequence of T tokens, bfloat16 q [1, T, Hq, D], k and v [1, T, Hkv, D],
+gates from a sigmoid, the default ``NSAConfig`` (l=32, d=16, l'=64, n=16,
+w=512). Contenders, each one jitted executable:
+  - dense causal attention, ``jax.nn.dot_product_attention(is_causal=True)``
+    (cuDNN on a GPU, XLA elsewhere),
+  - ``jax_topk.nsa.nsa_attention``,
+forward, and forward + backward (the gradient of <out, cotangent> with respect
+to q, k and v). Memory: the compiled executable's temporaries
+(``memory_analysis().temp_size_in_bytes``), which must grow linearly in T for
+NSA. Writes ``<out>/<device>-nsa.json`` and a plot beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from jax_topk import _bench, nsa
+
+
+def dense(q, k, v, gates):
+    del gates
+    implementation = "cudnn" if jax.default_backend() == "gpu" else None
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+
+
+def sparse(cfg):
+    return lambda q, k, v, gates: nsa.nsa_attention(q, k, v, gates, cfg)
+
+
+def forward_backward(attention):
+    """The gradient of <attention(q, k, v), cotangent> with respect to q, k, v."""
+
+    def run(q, k, v, gates, cotangent):
+        loss = lambda q, k, v: jnp.vdot(attention(q, k, v, gates).astype(jnp.float32), cotangent)
+        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    return run
+
+
+def temp_bytes(fn, args) -> int | None:
+    """Bytes of temporaries the compiled executable allocates (None if unknown)."""
+    analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return None if analysis is None else int(analysis.temp_size_in_bytes)
+
+
+def inputs_for(t: int, args) -> tuple:
+    key = jax.random.key(t)
+    kq, kk, kv, kg, kc = jax.random.split(key, 5)
+    dt = jnp.bfloat16
+    q = jax.random.normal(kq, (1, t, args.heads, args.dim), dt)
+    k = jax.random.normal(kk, (1, t, args.kv_heads, args.dim), dt)
+    v = jax.random.normal(kv, (1, t, args.kv_heads, args.dim), dt)
+    gates = jax.nn.sigmoid(jax.random.normal(kg, (1, t, args.heads, 3), jnp.float32)).astype(dt)
+    cotangent = jax.random.normal(kc, (1, t, args.heads, args.dim), jnp.float32)
+    return jax.block_until_ready((q, k, v, gates, cotangent))
+
+
+def run_length(t: int, args, bar: _bench.Progress) -> dict:
+    cfg = nsa.NSAConfig()
+    x = inputs_for(t, args)
+    contenders = {"dense causal": dense, "nsa_attention": sparse(cfg)}
+    row = {"T": t, "forward_us": {}, "forward_backward_us": {}, "temp_bytes": {}, "temp_bytes_backward": {}}
+    for label, attention in contenders.items():
+        bar.step(f"T={t}: {label}")
+        fwd_args = x[:4]
+        row["forward_us"][label] = _bench.measure(lambda a: attention(*a), [fwd_args], args.repeats).seconds * 1e6
+        row["temp_bytes"][label] = temp_bytes(attention, fwd_args)
+        if args.backward:
+            step = forward_backward(attention)
+            row["forward_backward_us"][label] = _bench.measure(lambda a: step(*a), [x], args.repeats).seconds * 1e6
+            row["temp_bytes_backward"][label] = temp_bytes(step, x)
+    row["speedup_forward"] = row["forward_us"]["dense causal"] / row["forward_us"]["nsa_attention"]
+    if args.backward:
+        row["speedup_forward_backward"] = (row["forward_backward_us"]["dense causal"]
+                                           / row["forward_backward_us"]["nsa_attention"])
+    return row
+
+
+def plot(result: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = result["rows"]
+    ts = [r["T"] for r in rows]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    for label in rows[0]["forward_us"]:
+        ax_t.plot(ts, [r["forward_us"][label] / 1e3 for r in rows], "o-", label=f"{label}, forward")
+        if rows[0]["forward_backward_us"]:
+            ax_t.plot(ts, [r["forward_backward_us"][label] / 1e3 for r in rows], "s--", label=f"{label}, fwd+bwd")
+        mem = [r["temp_bytes"][label] for r in rows]
+        if all(m is not None for m in mem):
+            ax_m.plot(ts, [m / 2**20 for m in mem], "o-", label=f"{label}, forward")
+    for ax in (ax_t, ax_m):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.set_ylabel("ms")
+    ax_m.set_ylabel("temporaries (MiB)")
+    fig.suptitle(f"NSA vs dense causal attention, {result['device']} (Hq={result['heads']}, "
+                 f"Hkv={result['kv_heads']}, D={result['dim']}, bfloat16)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqlens", default="8192,16384,32768,65536")
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-backward", dest="backward", action="store_false")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args(argv)
+    seqlens = [int(s) for s in args.seqlens.split(",")]
+    bar = _bench.Progress(2 * len(seqlens))
+    rows = []
+    for t in seqlens:
+        rows.append(run_length(t, args, bar))
+        r = rows[-1]
+        line = ", ".join(f"{k} {v / 1e3:.2f} ms" for k, v in r["forward_us"].items())
+        print(f"T={t}: forward {line}; NSA {r['speedup_forward']:.2f}x"
+              + (f"; fwd+bwd NSA {r['speedup_forward_backward']:.2f}x" if args.backward else "")
+              + f"; temporaries {', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in r['temp_bytes'].items() if v)}",
+              flush=True)
+    bar.close()
+    result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
+              "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
+              "config": dataclasses.asdict(nsa.NSAConfig()),
+              "repeats": args.repeats, "rows": rows}
+    path = _bench.write_result(result, args.out, "-nsa")
+    plot(result, path + ".png")
+    print(f"wrote {path}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
