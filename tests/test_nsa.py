@@ -18,6 +18,14 @@ from jax_topk import _nsa_core, _nsa_reference, nsa
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+    """Comparisons at 1e-5 need float32 matmuls: a GPU's default precision
+    rounds dot operands (TF32 on NVIDIA, ~1e-3 relative); the CPU's is full."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
