@@ -1,6 +1,6 @@
 // CUDA/HIP portability: the one place where CUDA and HIP names meet.
 //
-// Three layers, each visible only where it can compile:
+// Four layers, each visible only where it can compile:
 //  1. host/device decorations, for every translation unit (plain C++ sees
 //     empty ones);
 //  2. the runtime API as `gpu*` names (streams, errors, attributes), for the
@@ -101,13 +101,11 @@ using gpuFuncAttributes = JAX_TOPK_GPU_NAME(FuncAttributes);
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define gpuDevAttrComputeCapabilityMajor hipDeviceAttributeComputeCapabilityMajor
 #define gpuDevAttrL2CacheSize hipDeviceAttributeL2CacheSize
-#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define gpuDevAttrComputeCapabilityMajor cudaDevAttrComputeCapabilityMajor
 #define gpuDevAttrL2CacheSize cudaDevAttrL2CacheSize
-#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif
 
 // A kernel's dynamic shared memory limit (HIP takes the kernel as const void*).
