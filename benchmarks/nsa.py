@@ -10,7 +10,9 @@ w=512). Contenders, each one jitted executable:
     (cuDNN on a GPU, XLA elsewhere),
   - ``jax_topk.nsa.nsa_attention``,
 forward, and forward + backward (the gradient of <out, cotangent> with respect
-to q, k and v). Memory: the compiled executable's temporaries
+to q, k and v). ``--branches`` instead times each NSA branch alone (forward),
+with cuDNN's sliding-window attention beside the window branch. Memory: the
+compiled executable's temporaries
 (``memory_analysis().temp_size_in_bytes``), which must grow linearly in T for
 NSA. Writes ``<out>/<device>-nsa.json`` and a plot beside it.
 """
@@ -87,6 +89,33 @@ def run_length(t: int, args, bar: _bench.Progress) -> dict:
     return row
 
 
+def branch_breakdown(t: int, args) -> dict:
+    """Forward time of each NSA piece alone at length t (microseconds)."""
+    cfg = nsa.NSAConfig()
+    q, k, v, _, _ = inputs_for(t, args)
+    k_cmp, v_cmp = jax.block_until_ready(nsa.compress_kv(k, v, cfg))
+    ids = jax.block_until_ready(nsa.select_blocks(nsa.block_scores(q, k_cmp, cfg), cfg))
+    implementation = "cudnn" if jax.default_backend() == "gpu" else None
+    pieces = {
+        "compress_kv": (lambda a: nsa.compress_kv(a[1], a[2], cfg), (q, k, v)),
+        "compressed_attention": (lambda a: nsa.compressed_attention(a[0], a[1], a[2], cfg), (q, k_cmp, v_cmp)),
+        "block_scores + select_blocks": (lambda a: nsa.select_blocks(nsa.block_scores(a[0], a[1], cfg), cfg),
+                                         (q, k_cmp)),
+        "selected_attention": (lambda a: nsa.selected_attention(a[0], a[1], a[2], a[3], cfg), (q, k, v, ids)),
+        "sliding_window_attention": (lambda a: nsa.sliding_window_attention(a[0], a[1], a[2], cfg), (q, k, v)),
+        "cuDNN sliding window (dot_product_attention)": (
+            lambda a: jax.nn.dot_product_attention(a[0], a[1], a[2], is_causal=True, implementation=implementation,
+                                                   local_window_size=(cfg.window - 1, 0)), (q, k, v)),
+    }
+    times = {}
+    for label, (op, x) in pieces.items():
+        try:
+            times[label] = _bench.measure(op, [x], args.repeats).seconds * 1e6
+        except Exception as e:  # an implementation this backend lacks: say so, time the rest
+            times[label] = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+    return {"T": t, "forward_us": times}
+
+
 def plot(result: dict, path: str) -> None:
     try:
         import matplotlib
@@ -127,9 +156,20 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-backward", dest="backward", action="store_false")
+    parser.add_argument("--branches", action="store_true", help="time each NSA branch alone instead")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     seqlens = [int(s) for s in args.seqlens.split(",")]
+    if args.branches:
+        rows = [branch_breakdown(t, args) for t in seqlens]
+        for r in rows:
+            print(f"T={r['T']}: " + "; ".join(
+                f"{k} {v / 1e3:.2f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in r["forward_us"].items()))
+        result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
+                  "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
+                  "config": dataclasses.asdict(nsa.NSAConfig()), "repeats": args.repeats, "rows": rows}
+        print(f"wrote {_bench.write_result(result, args.out, '-nsa-branches')}.json")
+        return 0
     bar = _bench.Progress(2 * len(seqlens))
     rows = []
     for t in seqlens:
