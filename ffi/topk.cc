@@ -55,7 +55,7 @@ ffi::Error topk_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi:
                           ffi::Buffer<ffi::U8>& workspace, int64_t k) {
   ffi_util::RowGeometry g;
   DType dtype;
-  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, k, lengths, any_dtype, &g, &dtype); err.failure()) {
+  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, k, lengths, topk_dtype, &g, &dtype); err.failure()) {
     return err;
   }
   const size_t given = workspace.element_count();
