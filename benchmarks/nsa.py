@@ -27,7 +27,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_topk import _bench, nsa
+from jax_topk import _bench, _nsa_pallas, nsa
 
 
 def dense(q, k, v, gates):
@@ -102,6 +102,9 @@ def branch_breakdown(t: int, args) -> dict:
         "block_scores + select_blocks": (lambda a: nsa.select_blocks(nsa.block_scores(a[0], a[1], cfg), cfg),
                                          (q, k_cmp)),
         "selected_attention": (lambda a: nsa.selected_attention(a[0], a[1], a[2], a[3], cfg), (q, k, v, ids)),
+        "selected_attention (Pallas kernel)": (
+            lambda a: _nsa_pallas.selected_attention(a[0], a[1], a[2], a[3], cfg=cfg,
+                                                     interpret=jax.default_backend() == "cpu"), (q, k, v, ids)),
         "sliding_window_attention": (lambda a: nsa.sliding_window_attention(a[0], a[1], a[2], cfg), (q, k, v)),
         "cuDNN sliding window (dot_product_attention)": (
             lambda a: jax.nn.dot_product_attention(a[0], a[1], a[2], is_causal=True, implementation=implementation,

@@ -325,6 +325,22 @@ def test_selected_and_window_branches_alone():
     np.testing.assert_allclose(window[:, 6], dense_causal(q[:, 4:7], k[:, 4:7], v[:, 4:7], 0.5)[:, 2], **F32_TOL)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_selected_attention_kernel_in_interpret_mode(seed):
+    """The Pallas kernel (jax_topk/_nsa_pallas.py, run by Pallas's interpreter)
+    equals the plain-JAX branch on a real selection, and on -1 / past-the-end ids."""
+    from jax_topk import _nsa_pallas
+
+    case = random_case(seed)
+    q, k, v, _, params = make_inputs(case, seed=seed)
+    k_cmp, _ = nsa.compress_kv(k, v, case.cfg, params=params)
+    ids = nsa.select_blocks(nsa.block_scores(q, k_cmp, case.cfg), case.cfg)
+    for block_ids in (ids, jnp.where(ids % 3 == 0, -1, ids), ids + 1000 * (ids % 2)):
+        np.testing.assert_allclose(
+            _nsa_pallas.selected_attention(q, k, v, block_ids, cfg=case.cfg, interpret=True),
+            nsa.selected_attention(q, k, v, block_ids, case.cfg), **F32_TOL)
+
+
 def test_gates():
     params = nsa.init_gate_params(jax.random.key(0), 6, 2)
     params["bias"] = jnp.arange(6.0).reshape(2, 3)
