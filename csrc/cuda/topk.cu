@@ -40,7 +40,7 @@ gpuError_t read_device(int device, DeviceInfo* info) {
   info->device = device;
   info->sm_count = sms > 0 ? sms : 1;
   info->l2_bytes = l2;
-  #if defined(JAX_TOPK_HAS_CLUSTERS)
+#if defined(JAX_TOPK_HAS_CLUSTERS)
   info->clusters = major >= 9;
 #else
   info->clusters = false;  // (AMD reports gfx9 chips as major 9)
