@@ -129,6 +129,15 @@ def params(p, cfg, head_dim: int, fn: str) -> dict | None:
     return p
 
 
+def attention_inputs(q, k, v, gates_, cfg, params_, fn: str) -> dict | None:
+    """Every argument of a whole NSA call (``nsa_attention``, ``reference``);
+    returns the MLP parameters (None for mean pooling)."""
+    config(cfg, fn)
+    qkv(q, k, v, fn)
+    gates(gates_, q, fn)
+    return params(params_, cfg, q.shape[-1], fn)
+
+
 def compressed_inputs(q, k_cmp, v_cmp, cfg, fn: str) -> None:
     config(cfg, fn)
     array(q, "q", fn)

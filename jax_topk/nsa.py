@@ -387,10 +387,7 @@ def nsa_attention(q: jax.Array, k: jax.Array, v: jax.Array, gates: jax.Array, cf
       True
     """
     fn = "jax_topk.nsa.nsa_attention"
-    checks.config(cfg, fn)
-    checks.qkv(q, k, v, fn)
-    checks.gates(gates, q, fn)
-    mlp = checks.params(params, cfg, q.shape[-1], fn)
+    mlp = checks.attention_inputs(q, k, v, gates, cfg, params, fn)
     if cu_seqlens is None:
         return tiled.nsa_attention(q, k, v, gates, mlp, cfg=cfg)
     cu_seqlens, max_seqlen = checks.cu_seqlens(cu_seqlens, max_seqlen, q.shape, fn)
@@ -414,10 +411,6 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, gates: jax.Array, cfg: N
       >>> bool(jnp.allclose(nsa.reference(q, k, v, g, cfg), nsa.nsa_attention(q, k, v, g, cfg), atol=1e-5))
       True
     """
-    fn = "jax_topk.nsa.reference"
-    checks.config(cfg, fn)
-    checks.qkv(q, k, v, fn)
-    checks.gates(gates, q, fn)
-    mlp = checks.params(params, cfg, q.shape[-1], fn)
+    mlp = checks.attention_inputs(q, k, v, gates, cfg, params, "jax_topk.nsa.reference")
     return _nsa_reference.dense_nsa(q, k, v, gates, mlp, cfg=cfg)
 
