@@ -119,6 +119,13 @@ def branch_breakdown(t: int, args) -> dict:
     return {"T": t, "forward_us": times}
 
 
+def describe_run(args, rows: list) -> dict:
+    """The result file: device, shapes, configuration and the measured rows."""
+    return {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
+            "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
+            "config": dataclasses.asdict(nsa.NSAConfig()), "repeats": args.repeats, "rows": rows}
+
+
 def plot(result: dict, path: str) -> None:
     try:
         import matplotlib
@@ -168,10 +175,7 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"T={r['T']}: " + "; ".join(
                 f"{k} {v / 1e3:.2f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in r["forward_us"].items()))
-        result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
-                  "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
-                  "config": dataclasses.asdict(nsa.NSAConfig()), "repeats": args.repeats, "rows": rows}
-        print(f"wrote {_bench.write_result(result, args.out, '-nsa-branches')}.json")
+        print(f"wrote {_bench.write_result(describe_run(args, rows), args.out, '-nsa-branches')}.json")
         return 0
     bar = _bench.Progress(2 * len(seqlens))
     rows = []
@@ -184,10 +188,7 @@ def main(argv=None) -> int:
               + f"; temporaries {', '.join(f'{k} {v / 2**20:.0f} MiB' for k, v in r['temp_bytes'].items() if v)}",
               flush=True)
     bar.close()
-    result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
-              "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
-              "config": dataclasses.asdict(nsa.NSAConfig()),
-              "repeats": args.repeats, "rows": rows}
+    result = describe_run(args, rows)
     path = _bench.write_result(result, args.out, "-nsa")
     plot(result, path + ".png")
     print(f"wrote {path}.json")
