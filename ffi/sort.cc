@@ -54,7 +54,7 @@ ffi::Error sort_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi:
   ffi_util::RowGeometry g;
   DType dtype;
   const int64_t n = x.dimensions().size() ? x.dimensions().back() : 0;
-  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, n, lengths, sort_gpu_dtype, &g, &dtype);
+  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, n, lengths, sort_dtype, &g, &dtype);
       err.failure()) {
     return err;
   }
