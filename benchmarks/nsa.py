@@ -10,8 +10,10 @@ w=512). Contenders, each one jitted executable:
     (cuDNN on a GPU, XLA elsewhere),
   - ``jax_topk.nsa.nsa_attention``,
 forward, and forward + backward (the gradient of <out, cotangent> with respect
-to q, k and v). ``--branches`` instead times each NSA branch alone (forward),
-with cuDNN's sliding-window attention beside the window branch. Memory: the
+to q, k and v); ``--plain`` adds ``nsa_attention`` on the plain-JAX path.
+``--branches`` instead times each NSA piece alone (forward) as
+``nsa_attention`` runs it (the kernels on a GPU), with ``--plain`` the
+plain-JAX branches beside them. Memory: the
 compiled executable's temporaries
 (``memory_analysis().temp_size_in_bytes``), which must grow linearly in T for
 NSA. Writes ``<out>/<device>-nsa.json`` and a plot beside it.
@@ -27,7 +29,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_topk import _bench, _nsa_pallas, nsa
+from jax_topk import _bench, _nsa_dispatch, _nsa_pallas, nsa
 
 
 def dense(q, k, v, gates):
@@ -72,6 +74,8 @@ def run_length(t: int, args, bar: _bench.Progress) -> dict:
     cfg = nsa.NSAConfig()
     x = inputs_for(t, args)
     contenders = {"dense causal": dense, "nsa_attention": sparse(cfg)}
+    if args.plain:
+        contenders["nsa_attention (plain JAX)"] = sparse(dataclasses.replace(cfg, implementation="xla"))
     row = {"T": t, "forward_us": {}, "forward_backward_us": {}, "temp_bytes": {}, "temp_bytes_backward": {}}
     for label, attention in contenders.items():
         bar.step(f"T={t}: {label}")
@@ -90,32 +94,39 @@ def run_length(t: int, args, bar: _bench.Progress) -> dict:
 
 
 def branch_breakdown(t: int, args) -> dict:
-    """Forward time of each NSA piece alone at length t (microseconds)."""
+    """Forward time of each NSA piece alone at length t (microseconds): what
+    ``nsa_attention`` runs here (``_nsa_dispatch.plan``), and with ``--plain``
+    the plain-JAX branches beside it."""
     cfg = nsa.NSAConfig()
+    plain = dataclasses.replace(cfg, implementation="xla")
     q, k, v, _, _ = inputs_for(t, args)
-    k_cmp, v_cmp = jax.block_until_ready(nsa.compress_kv(k, v, cfg))
-    ids = jax.block_until_ready(nsa.select_blocks(nsa.block_scores(q, k_cmp, cfg), cfg))
-    implementation = "cudnn" if jax.default_backend() == "gpu" else None
+    interpret = jax.default_backend() != "gpu"
+    k_cmp, v_cmp = (x.astype(q.dtype) for x in jax.block_until_ready(nsa.compress_kv(k, v, cfg)))
+    _, lse = jax.block_until_ready(_nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg, interpret=interpret))
+    ids = jax.block_until_ready(_nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, interpret=interpret))
     pieces = {
         "compress_kv": (lambda a: nsa.compress_kv(a[1], a[2], cfg), (q, k, v)),
-        "compressed_attention": (lambda a: nsa.compressed_attention(a[0], a[1], a[2], cfg), (q, k_cmp, v_cmp)),
-        "block_scores + select_blocks": (lambda a: nsa.select_blocks(nsa.block_scores(a[0], a[1], cfg), cfg),
-                                         (q, k_cmp)),
-        "selected_attention": (lambda a: nsa.selected_attention(a[0], a[1], a[2], a[3], cfg), (q, k, v, ids)),
-        "selected_attention (Pallas kernel)": (
-            lambda a: _nsa_pallas.selected_attention(a[0], a[1], a[2], a[3], cfg=cfg,
-                                                     interpret=jax.default_backend() == "cpu"), (q, k, v, ids)),
-        "sliding_window_attention": (lambda a: nsa.sliding_window_attention(a[0], a[1], a[2], cfg), (q, k, v)),
-        "cuDNN sliding window (dot_product_attention)": (
-            lambda a: jax.nn.dot_product_attention(a[0], a[1], a[2], is_causal=True, implementation=implementation,
-                                                   local_window_size=(cfg.window - 1, 0)), (q, k, v)),
+        "compressed (kernel, + log-sum-exp)": (
+            lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg, interpret=interpret), (q, k_cmp, v_cmp)),
+        "block scores + select (kernel + top_k)": (
+            lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, interpret=interpret), (q, k_cmp, lse)),
+        "selected (dispatched)": (lambda a: nsa.selected_attention(*a, cfg), (q, k, v, ids)),
+        "window (dispatched)": (lambda a: nsa.sliding_window_attention(*a, cfg), (q, k, v)),
     }
+    if args.plain:
+        pieces.update({
+            "compressed_attention (plain)": (lambda a: nsa.compressed_attention(*a, cfg), (q, k_cmp, v_cmp)),
+            "block_scores + select_blocks (plain)": (
+                lambda a: nsa.select_blocks(nsa.block_scores(a[0], a[1], cfg), cfg), (q, k_cmp)),
+            "selected (plain)": (lambda a: nsa.selected_attention(*a, plain), (q, k, v, ids)),
+            "window (plain)": (lambda a: nsa.sliding_window_attention(*a, plain), (q, k, v)),
+        })
     times = {}
     for label, (op, x) in pieces.items():
         try:
             times[label] = _bench.measure(op, [x], args.repeats).seconds * 1e6
         except Exception as e:  # an implementation this backend lacks: say so, time the rest
-            times[label] = f"unavailable: {type(e).__name__}: {str(e)[:120]}"
+            times[label] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
     return {"T": t, "forward_us": times}
 
 
@@ -123,7 +134,10 @@ def describe_run(args, rows: list) -> dict:
     """The result file: device, shapes, configuration and the measured rows."""
     return {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
             "heads": args.heads, "kv_heads": args.kv_heads, "dim": args.dim, "dtype": "bfloat16",
-            "config": dataclasses.asdict(nsa.NSAConfig()), "repeats": args.repeats, "rows": rows}
+            "config": dataclasses.asdict(nsa.NSAConfig()), "repeats": args.repeats,
+            "plan": dataclasses.asdict(_nsa_dispatch.plan(nsa.NSAConfig(), (1, 1, args.heads, args.dim), jnp.bfloat16,
+                                                         args.kv_heads, "benchmark")),
+            "rows": rows}
 
 
 def plot(result: dict, path: str) -> None:
@@ -167,6 +181,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-backward", dest="backward", action="store_false")
     parser.add_argument("--branches", action="store_true", help="time each NSA branch alone instead")
+    parser.add_argument("--plain", action="store_true", help="also time the plain-JAX path (implementation='xla')")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     seqlens = [int(s) for s in args.seqlens.split(",")]
@@ -177,7 +192,7 @@ def main(argv=None) -> int:
                 f"{k} {v / 1e3:.2f} ms" if isinstance(v, float) else f"{k} {v}" for k, v in r["forward_us"].items()))
         print(f"wrote {_bench.write_result(describe_run(args, rows), args.out, '-nsa-branches')}.json")
         return 0
-    bar = _bench.Progress(2 * len(seqlens))
+    bar = _bench.Progress((3 if args.plain else 2) * len(seqlens))
     rows = []
     for t in seqlens:
         rows.append(run_length(t, args, bar))

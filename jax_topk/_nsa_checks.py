@@ -47,6 +47,9 @@ def config(cfg, fn: str | None = None) -> None:
                          f"local_blocks={cfg.local_blocks}) must fit in num_selected={cfg.num_selected}")
     if cfg.compression not in ("mean", "mlp"):
         raise ValueError(f"NSAConfig: compression must be 'mean' or 'mlp', got {cfg.compression!r}")
+    if cfg.implementation not in core.IMPLEMENTATIONS:
+        raise ValueError(f"NSAConfig: implementation must be one of {core.IMPLEMENTATIONS}, "
+                         f"got {cfg.implementation!r}")
     if cfg.scale is not None:
         if isinstance(cfg.scale, (bool, np.bool_)) or not isinstance(cfg.scale, (int, float, np.number)):
             raise TypeError(f"NSAConfig: scale must be a float or None, got {type(cfg.scale).__name__}")

@@ -13,10 +13,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+# NSAConfig.implementation: which code runs the branches (_nsa_dispatch.plan decides).
+IMPLEMENTATIONS = ("auto", "xla", "pallas")
+
 
 def compute_dtype(dtype) -> jnp.dtype:
     """Attention math runs in float32, or float64 for float64 inputs."""
     return jnp.promote_types(dtype, jnp.float32)
+
+
+def round_to(x: jax.Array, dtype) -> jax.Array:
+    """``x`` rounded to ``dtype``'s precision, kept in ``x``'s dtype; the gradient
+    passes unrounded (a bfloat16 cast would round the cotangent too). Exact:
+    ``rounded - x`` is exact for neighbours, and so is ``x + (rounded - x)``."""
+    return x + lax.stop_gradient(x.astype(dtype).astype(x.dtype) - x)
 
 
 def group_queries(q: jax.Array, num_kv_heads: int) -> jax.Array:

@@ -1,21 +1,32 @@
-"""A Pallas kernel for NSA's selected branch (forward), one program per
-(query token, KV head).
+"""Pallas (Triton) kernels for NSA's compressed and selected branches: forward passes.
 
-The plain-JAX branch gathers ``n * l'`` keys per query into memory
-(``_nsa_tiled.selected_tile``): at T = 64K on an H200 that took 226 ms
-(``benchmarks/results/NOTES.md``). Here a program holds the GQA group's
-``G = Hq / Hkv`` query heads ``[G, D]`` (the NSA paper's layout: the group
-shares its selection, so each selected block is read once for all G heads),
-walks its ``n`` selected blocks with an online softmax, and writes ``[G, D]``.
-Each block is one ``[l', D]`` slice of the KV head's keys and values; keys
-after the query and ids of -1 are masked, as in ``selected_tile``.
+Three kernels, each one program per (query tile, KV head), each holding the
+GQA group's ``G = Hq / Hkv`` query heads together (the NSA paper's layout: the
+group shares its keys and its selection):
 
-Status: equal to the plain-JAX branch in Pallas's interpret mode
-(tests/test_nsa.py) and on an H200 through Triton (float32 to 6e-7, bfloat16
-to one output ulp), where it took 19.7 ms at T = 64K against the plain
-branch's 226.7 ms (benchmarks/results/NOTES.md). Not yet dispatched by
-``nsa.selected_attention``: that needs a backward (or the plain branch's VJP
-under a custom_vjp) and GPU tests of the dispatched path.
+* ``compressed_attention``: flash attention of the queries over the
+  compressed keys, a query seeing block i iff ``i*d + l - 1 <= t``. Writes the
+  branch output and each query row's log-sum-exp.
+* ``block_scores``: recomputes the compressed scores with that log-sum-exp,
+  so the probabilities are final without a ``[T, Hq, Nc]`` array, sums them
+  over the group and maps them to selection blocks (eq. 9 as overlap weights)
+  in the same pass, writing ``[tokens, Ns]`` selection scores per KV head.
+  ``selection_ids`` runs it over chunks of queries and selects through
+  ``jax_topk.top_k``, so memory stays O(T).
+* ``selected_attention``: per (token, KV head) the group's ``[G, D]`` queries
+  walk the ``n`` selected ``[l', D]`` blocks with an online softmax.
+
+Each equals its plain-JAX branch in ``_nsa_tiled`` up to the order of float
+sums and, for bfloat16, the rounding of the probabilities to bfloat16 before
+they meet the values (as every flash-attention kernel does). Scores are
+computed from operands in the input dtype (the compressed keys are rounded to
+it, as ``nsa_attention`` does on every path), accumulated in float32; float32
+inputs use IEEE float32 dots, never TF32.
+
+Shape rules (``unsupported`` says which one fails; ``nsa`` falls back to the
+plain path then): Triton blocks have power-of-two sizes and dots need every
+dimension >= 16, so D, G, l' and l'/d are powers of two (D and l' >= 16,
+G <= 128); G below 16 is padded with zero queries in the selected kernel.
 """
 
 from __future__ import annotations
@@ -25,78 +36,347 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
 
 from jax_topk import _nsa_core as core
+from jax_topk import _nsa_tiled as tiled
+
+_MIN_DOT = 16          # Triton's dot needs every dimension >= 16
+_ROWS_PER_PROGRAM = 128  # query rows (tokens x G) of a compressed-attention program
+_KEYS_PER_STEP = 64    # compressed keys per online-softmax step
+_SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
+_SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 
 
-def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *, length, kv_heads, select_size, num_ids, scale):
-    row = pl.program_id(0)  # (b, t, h) flattened, h fastest
-    position = (row // kv_heads) % length
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def unsupported(cfg, q_shape: tuple[int, ...], kv_heads: int) -> str | None:
+    """Why the kernels cannot run these shapes (None when they can)."""
+    dim, groups = q_shape[-1], q_shape[2] // kv_heads
+    ratio = cfg.select_size // cfg.stride
+    if not (_pow2(dim) and dim >= _MIN_DOT):
+        return f"head_dim={dim} is not a power of two >= {_MIN_DOT}"
+    if not (_pow2(groups) and groups <= _ROWS_PER_PROGRAM):
+        return f"Hq/Hkv={groups} is not a power of two <= {_ROWS_PER_PROGRAM}"
+    if not (_pow2(cfg.select_size) and cfg.select_size >= _MIN_DOT):
+        return f"select_size={cfg.select_size} is not a power of two >= {_MIN_DOT}"
+    if not _pow2(ratio):
+        return f"select_size/stride={ratio} is not a power of two"
+    return None
+
+
+def _precision(dtype):
+    """IEEE float32 dots for float32 operands (Triton's default would be TF32)."""
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None
+
+
+def _dot(a, b, dtype):
+    return jnp.dot(a, b, precision=_precision(dtype), preferred_element_type=jnp.float32)
+
+
+def _online_softmax_step(carry, scores, values, dtype):
+    """One flash-attention step: masked scores are -inf; a row that has seen no
+    allowed key keeps m = -inf and shifts by 0."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, scores.max(axis=1))
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+    p = jnp.exp(scores - shift[:, None])
+    rescale = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
+    l = l * rescale + p.sum(axis=1)
+    acc = acc * rescale[:, None] + _dot(p.astype(values.dtype), values, dtype)
+    return m_new, l, acc
+
+
+def _initial_carry(rows: int, dim: int):
+    return (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32),
+            jnp.zeros((rows, dim), jnp.float32))
+
+
+def _visible_blocks(last_position, cfg, num_blocks: int):
+    """Compressed blocks wholly at or before ``last_position`` (blocks i with i*d + l - 1 <= t)."""
+    seen = (jnp.maximum(last_position - (cfg.block_size - 1), -1) + cfg.stride) // cfg.stride
+    return jnp.clip(seen, 0, num_blocks)
+
+
+def _cdiv(a, b: int):
+    return (a + b - 1) // b
+
+
+def _compiler(num_warps: int, num_stages: int):
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+# ----------------------------------------------------------------------------- compressed attention
+
+
+def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, num_blocks, keys_per_step,
+                       scale):
+    tokens, groups, dim = q_ref.shape
+    rows = tokens * groups
+    # The longest tiles (last queries) first: fewer programs left running alone at the end.
+    tile = num_tiles - 1 - pl.program_id(0) % num_tiles
+    first = tile * tokens
+    q = q_ref[...].reshape(rows, dim)
+    positions = first + jnp.arange(rows, dtype=jnp.int32) // groups
+    steps = _cdiv(_visible_blocks(first + tokens - 1, cfg, num_blocks), keys_per_step)
+    offsets = jnp.arange(keys_per_step, dtype=jnp.int32)
+
+    def step(j, carry):
+        start = j * keys_per_step
+        keys = k_ref[pl.ds(start, keys_per_step), :]
+        scores = _dot(q, keys.T, q.dtype) * scale
+        ends = (start + offsets) * cfg.stride + cfg.block_size - 1
+        scores = jnp.where(ends[None, :] <= positions[:, None], scores, -jnp.inf)
+        return _online_softmax_step(carry, scores, v_ref[pl.ds(start, keys_per_step), :], q.dtype)
+
+    m, l, acc = jax.lax.fori_loop(0, steps, step, _initial_carry(rows, dim))
+    out = acc / jnp.where(l == 0, 1.0, l)[:, None]
+    o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
+    # +inf where no block is visible: the block-score pass then gets exp(s - inf) = 0.
+    lse_ref[...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf).reshape(tokens, groups)
+
+
+def _padded_length(length: int) -> int:
+    """Queries padded to whole selection chunks (a multiple of every tile size here)."""
+    chunk = min(_SELECTION_CHUNK, -(-length // _ROWS_PER_PROGRAM) * _ROWS_PER_PROGRAM)
+    return -(-length // chunk) * chunk
+
+
+def _padded_compressed(x, num_blocks: int):
+    return jnp.pad(x, [(0, 0), (0, num_blocks - x.shape[1]), (0, 0), (0, 0)])
+
+
+def _block_layout(cfg, length: int):
+    """(keys per score step Bc, selection blocks per step Bs, steps) for a sequence of ``length``."""
+    ratio = cfg.select_size // cfg.stride
+    keys_per_step = _MIN_DOT * ratio  # so that Bs = Bc * d / l' = 16 (the map dot's N)
+    steps = -(-core.num_selection_blocks(length, cfg.select_size) // _MIN_DOT)
+    return keys_per_step, _MIN_DOT, steps
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
+def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
+    """The compressed branch and its log-sum-exp.
+
+    q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype. Returns
+    ``(out [B, T, Hq, D], lse [B, T', Hkv, G])`` float32 with ``T'`` the
+    padded length (+inf where a query sees no block).
+    """
+    batch, length, q_heads, dim = q.shape
+    kv_heads = k_cmp.shape[2]
+    groups = q_heads // kv_heads
+    padded = _padded_length(length)
+    tokens = max(1, _ROWS_PER_PROGRAM // groups)
+    num_tiles = padded // tokens
+    score_keys, _, steps = _block_layout(cfg, padded)
+    num_blocks = k_cmp.shape[1]
+    slab = steps * score_keys  # the block-score kernel's padding, >= Nc
+    keys_per_step = min(_KEYS_PER_STEP, score_keys)  # both powers of two: divides the slab
+    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0), (0, padded - length), (0, 0), (0, 0), (0, 0)])
+    k_cmp, v_cmp = _padded_compressed(k_cmp, slab), _padded_compressed(v_cmp, slab)
+
+    def tile_block(r):  # (b, tile, h) of program r: KV head major, tiles reversed inside
+        bh = r // num_tiles
+        return bh // kv_heads, num_tiles - 1 - r % num_tiles, bh % kv_heads
+
+    def q_block(r):
+        b, t, h = tile_block(r)
+        return b, t, h, 0, 0
+
+    def kv_block(r):
+        b, _, h = tile_block(r)
+        return b, 0, h, 0
+
+    kernel = functools.partial(_compressed_kernel, cfg=cfg, num_tiles=num_tiles, num_blocks=num_blocks,
+                               keys_per_step=keys_per_step, scale=cfg.softmax_scale(dim))
+    out, lse = pl.pallas_call(
+        kernel,
+        grid=(batch * kv_heads * num_tiles,),
+        in_specs=[pl.BlockSpec((None, tokens, None, groups, dim), q_block),
+                  pl.BlockSpec((None, slab, None, dim), kv_block),
+                  pl.BlockSpec((None, slab, None, dim), kv_block)],
+        out_specs=[pl.BlockSpec((None, tokens, None, groups, dim), q_block),
+                   pl.BlockSpec((None, tokens, None, groups), lambda r: q_block(r)[:4])],
+        out_shape=[jax.ShapeDtypeStruct(queries.shape, q.dtype),
+                   jax.ShapeDtypeStruct(queries.shape[:4], jnp.float32)],
+        compiler_params=_compiler(num_warps=8 if dim > 64 else 4, num_stages=2),
+        interpret=interpret,
+    )(queries, k_cmp, v_cmp)
+    return core.ungroup_queries(out[:, :length]), lse
+
+
+# ----------------------------------------------------------------------------- block scores
+
+
+def _selection_weights(cfg, keys_per_step: int, blocks_per_step: int):
+    """``(own [Bc, Bs], spill [Bc])``: the tokens compression block c of a step
+    shares with the step's selection block j, and with the next step's first
+    block, in units of d. A step's Bc blocks start at its first selection
+    block's first token (Bc*d = Bs*l'), and a block of l <= l' tokens reaches at
+    most one selection block further."""
+    c_start = jnp.arange(keys_per_step, dtype=jnp.int32)[:, None] * cfg.stride
+    j_start = jnp.arange(blocks_per_step + 1, dtype=jnp.int32)[None, :] * cfg.select_size
+    shared = jnp.minimum(c_start + cfg.block_size, j_start + cfg.select_size) - jnp.maximum(c_start, j_start)
+    weights = (jnp.maximum(shared, 0) // cfg.stride).astype(jnp.float32)
+    return weights[:, :blocks_per_step], weights[:, blocks_per_step]
+
+
+def _block_score_kernel(start_ref, q_ref, k_ref, lse_ref, own_ref, spill_ref, s_ref, *, cfg, num_tiles,
+                        num_blocks, steps, scale):
+    tokens = s_ref.shape[0]
+    _, groups, dim = q_ref.shape
+    keys_per_step, blocks_per_step = own_ref.shape
+    rows = tokens * groups
+    first = start_ref[0] + (pl.program_id(0) % num_tiles) * tokens
+    q = q_ref[pl.ds(first, tokens), :, :].reshape(rows, dim)
+    lse = lse_ref[pl.ds(first, tokens), :].reshape(rows)
+    positions = first + jnp.arange(rows, dtype=jnp.int32) // groups
+    visible = _cdiv(_visible_blocks(first + tokens - 1, cfg, num_blocks), keys_per_step)
+    own, spill = own_ref[...], spill_ref[...]
+    offsets = jnp.arange(keys_per_step, dtype=jnp.int32)
+    first_column = jnp.arange(blocks_per_step, dtype=jnp.int32)[None, :] == 0
+
+    def step(j, carry):  # carry: the previous step's share of this step's first block
+        start = j * keys_per_step
+        scores = _dot(q, k_ref[pl.ds(start, keys_per_step), :].T, q.dtype) * scale
+        ends = (start + offsets) * cfg.stride + cfg.block_size - 1
+        probs = jnp.where(ends[None, :] <= positions[:, None], jnp.exp(scores - lse[:, None]), 0.0)
+        per_token = probs.reshape(tokens, groups, keys_per_step).sum(axis=1)
+        blocks = _dot(per_token, own, jnp.float32) + jnp.where(first_column, carry[:, None], 0.0)
+        s_ref[:, pl.ds(j * blocks_per_step, blocks_per_step)] = blocks
+        return jnp.sum(per_token * spill[None, :], axis=1)
+
+    def zeros(j, carry):  # steps past the last visible block: only the spill of the last one
+        s_ref[:, pl.ds(j * blocks_per_step, blocks_per_step)] = jnp.where(first_column, carry[:, None], 0.0)
+        return jnp.zeros_like(carry)
+
+    carry = jax.lax.fori_loop(0, visible, step, jnp.zeros((tokens,), jnp.float32))
+    jax.lax.fori_loop(visible, steps, zeros, carry)
+
+
+def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, interpret):
+    """Selection scores ``[B, Hkv, chunk, Ns']`` (float32) of queries ``start .. start + chunk``."""
+    batch, padded, kv_heads, groups, dim = queries.shape
+    keys_per_step, blocks_per_step, steps = _block_layout(cfg, padded)
+    tokens = _SCORE_TOKENS
+    num_tiles = chunk // tokens
+    own, spill = _selection_weights(cfg, keys_per_step, blocks_per_step)
+
+    def head(r):
+        bh = r // num_tiles
+        return bh // kv_heads, bh % kv_heads
+
+    kernel = functools.partial(_block_score_kernel, cfg=cfg, num_tiles=num_tiles, num_blocks=num_blocks,
+                               steps=steps, scale=cfg.softmax_scale(dim))
+    return pl.pallas_call(
+        kernel,
+        grid=(batch * kv_heads * num_tiles,),
+        in_specs=[pl.BlockSpec((1,), lambda r: (0,)),
+                  pl.BlockSpec((None, padded, None, groups, dim), lambda r: (head(r)[0], 0, head(r)[1], 0, 0)),
+                  pl.BlockSpec((None, k_cmp.shape[1], None, dim), lambda r: (head(r)[0], 0, head(r)[1], 0)),
+                  pl.BlockSpec((None, padded, None, groups), lambda r: (head(r)[0], 0, head(r)[1], 0)),
+                  pl.BlockSpec(own.shape, lambda r: (0, 0)),
+                  pl.BlockSpec(spill.shape, lambda r: (0,))],
+        out_specs=pl.BlockSpec((None, None, tokens, steps * blocks_per_step),
+                               lambda r: (*head(r), r % num_tiles, 0)),
+        out_shape=jax.ShapeDtypeStruct((batch, kv_heads, chunk, steps * blocks_per_step), jnp.float32),
+        compiler_params=_compiler(num_warps=8 if tokens * groups > 128 else 4, num_stages=2),
+        interpret=interpret,
+    )(jnp.reshape(start, (1,)).astype(jnp.int32), queries, k_cmp, lse, own, spill)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
+def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
+    """Selected block ids ``[B, T, Hkv, n]`` from the block-score kernel.
+
+    ``lse`` is ``compressed_attention``'s. Queries run in chunks of
+    ``_SELECTION_CHUNK`` under ``lax.map``: each chunk's scores
+    ``[B, Hkv, chunk, Ns']`` are made, ranked by ``_nsa_tiled.select``
+    (through ``jax_topk.top_k``) and dropped, so no ``[T, Ns]`` array exists.
+    ``Ns'`` pads Ns to whole steps; ``select`` ranks blocks after the query
+    -inf, the padding included.
+    """
+    batch, length, q_heads, dim = q.shape
+    kv_heads = k_cmp.shape[2]
+    padded = lse.shape[1]
+    chunk = min(_SELECTION_CHUNK, padded)
+    keys_per_step, _, steps = _block_layout(cfg, padded)
+    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0), (0, padded - length), (0, 0), (0, 0), (0, 0)])
+    k_padded = _padded_compressed(k_cmp, steps * keys_per_step)
+
+    def one_chunk(start):
+        scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
+                                     num_blocks=k_cmp.shape[1], interpret=interpret)
+        positions = start + jnp.arange(chunk, dtype=jnp.int32)
+        return tiled.select(scores, positions[None, None, :], cfg)  # [B, Hkv, chunk, n]
+
+    ids = jax.lax.map(one_chunk, jnp.arange(0, padded, chunk, dtype=jnp.int32))
+    ids = jnp.moveaxis(ids, 0, 2).reshape(batch, kv_heads, padded, -1)[:, :, :length]
+    return jnp.swapaxes(ids, 1, 2)
+
+
+# ----------------------------------------------------------------------------- selected attention
+
+
+def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *, length, select_size, scale):
+    position = pl.program_id(0) % length  # programs run KV head major, token minor
     q = q_ref[...]  # [G, D]
-    groups, dim = q.shape
     offsets = jnp.arange(select_size, dtype=jnp.int32)
 
     def visit(j, carry):
-        m, l, acc = carry
         block = ids_ref[j]
         start = jnp.maximum(block, 0) * select_size
-        keys = k_ref[pl.ds(start, select_size), :]
-        values = v_ref[pl.ds(start, select_size), :]
-        scores = jnp.dot(q, keys.T, preferred_element_type=jnp.float32) * scale  # [G, l']
+        scores = _dot(q, k_ref[pl.ds(start, select_size), :].T, q.dtype) * scale
         allowed = (block >= 0) & (start + offsets <= position)
         scores = jnp.where(allowed[None, :], scores, -jnp.inf)
-        m_new = jnp.maximum(m, scores.max(axis=1))
-        # Rows that have seen no allowed key keep m = -inf: shift by 0 there.
-        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-        p = jnp.exp(scores - shift[:, None])
-        rescale = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
-        l = l * rescale + p.sum(axis=1)
-        acc = acc * rescale[:, None] + jnp.dot(p.astype(values.dtype), values, preferred_element_type=jnp.float32)
-        return m_new, l, acc
+        return _online_softmax_step(carry, scores, v_ref[pl.ds(start, select_size), :], q.dtype)
 
-    init = (jnp.full((groups,), -jnp.inf, jnp.float32), jnp.zeros((groups,), jnp.float32),
-            jnp.zeros((groups, dim), jnp.float32))
-    _, l, acc = jax.lax.fori_loop(0, num_ids, visit, init)
+    _, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
     o_ref[...] = (acc / jnp.where(l == 0, 1.0, l)[:, None]).astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
 def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
     """``nsa.selected_attention`` by the kernel: q ``[B, T, Hq, D]``, k and v
-    ``[B, T, Hkv, D]``, block_ids int32 ``[B, T, Hkv, n]`` -> ``[B, T, Hq, D]``."""
+    ``[B, T, Hkv, D]``, block_ids int32 ``[B, T, Hkv, n]`` -> ``[B, T, Hq, D]``.
+
+    Programs run KV head major (token minor), so the programs resident at
+    once gather from one head's keys and values, which then stay in L2.
+    """
     batch, length, q_heads, dim = q.shape
     kv_heads = k.shape[2]
     groups = q_heads // kv_heads
+    rows = max(groups, _MIN_DOT)  # the dot's M: small groups get zero queries
     select_size = cfg.select_size
     padded = core.num_selection_blocks(length, select_size) * select_size
     num_ids = block_ids.shape[-1]
-
-    def head_major(x):  # [B, T, Hkv, D] -> [B, Hkv, T', D], zero rows past T (always masked)
-        return jnp.moveaxis(jnp.pad(x, [(0, 0), (0, padded - length), (0, 0), (0, 0)]), 2, 1)
-
-    rows = batch * length * kv_heads
-    queries = core.group_queries(q, kv_heads).reshape(rows, groups, dim)
+    id_slots = 1 << max(0, num_ids - 1).bit_length()  # a power of two; extra slots are -1
+    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0)] * 3 + [(0, rows - groups), (0, 0)])
     # Ids past the last block select nothing (as in the plain branch); every
     # slice the kernel reads then lies within the padded keys.
-    ids = block_ids.astype(jnp.int32).reshape(rows, num_ids)
+    ids = block_ids.astype(jnp.int32)
     ids = jnp.where(ids < padded // select_size, ids, -1)
+    ids = jnp.pad(ids, [(0, 0)] * 3 + [(0, id_slots - num_ids)], constant_values=-1)
+    k, v = (jnp.pad(x, [(0, 0), (0, padded - length), (0, 0), (0, 0)]) for x in (k, v))
 
-    def kv_block(row):  # the row's (batch, KV head) slab of keys or values
-        return row // (length * kv_heads), row % kv_heads, 0, 0
+    def token(r):  # (b, t, h) of program r
+        bh = r // length
+        return bh // kv_heads, r % length, bh % kv_heads
 
-    kernel = functools.partial(_selected_kernel, length=length, kv_heads=kv_heads, select_size=select_size,
-                               num_ids=num_ids, scale=cfg.softmax_scale(dim))
+    kernel = functools.partial(_selected_kernel, length=length, select_size=select_size,
+                               scale=cfg.softmax_scale(dim))
     out = pl.pallas_call(
         kernel,
-        grid=(rows,),
-        in_specs=[
-            pl.BlockSpec((None, num_ids), lambda r: (r, 0)),
-            pl.BlockSpec((None, groups, dim), lambda r: (r, 0, 0)),
-            pl.BlockSpec((None, None, padded, dim), kv_block),
-            pl.BlockSpec((None, None, padded, dim), kv_block),
-        ],
-        out_specs=pl.BlockSpec((None, groups, dim), lambda r: (r, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((rows, groups, dim), q.dtype),
+        grid=(batch * kv_heads * length,),
+        in_specs=[pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)),
+                  pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
+                  pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0)),
+                  pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))],
+        out_specs=pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
+        out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
+        compiler_params=_compiler(num_warps=4, num_stages=2),
         interpret=interpret,
-    )(ids, queries, head_major(k), head_major(v))
-    return out.reshape(batch, length, q_heads, dim)
+    )(ids, queries, k, v)
+    return core.ungroup_queries(out[..., :groups, :])

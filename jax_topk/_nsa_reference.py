@@ -80,6 +80,8 @@ def dense_nsa(q, k, v, gates, mlp: dict | None, *, cfg) -> jax.Array:
 
     k_cmp = _compress(k, cfg, None if mlp is None else mlp["key"])
     v_cmp = _compress(v, cfg, None if mlp is None else mlp["value"])
+    # rounded to the input dtype as nsa_attention does (the gradient unrounded)
+    k_cmp, v_cmp = (x + jax.lax.stop_gradient(x.astype(out_dtype).astype(dtype) - x) for x in (k_cmp, v_cmp))
     block_ends = np.arange(k_cmp.shape[1]) * cfg.stride + cfg.block_size - 1
     visible = block_ends[None, :] <= positions[:, None]
     o_cmp, p_cmp = _attend(q, jnp.repeat(k_cmp, group, axis=2), jnp.repeat(v_cmp, group, axis=2),

@@ -214,30 +214,17 @@ def sliding_window_attention(q, k, v, *, cfg):
 
 
 @_jit
-def nsa_attention(q, k, v, gates, mlp, *, cfg):
-    """Per query tile, the compressed probabilities give the branch output, the
-    block scores and the selection in one pass (no ``[T, Ns]`` score array)."""
-    if q.shape[1] == 0:
-        return jnp.zeros(q.shape, q.dtype)
-    k_cmp, v_cmp = compress_kv(k, v, mlp, cfg=cfg)
+def compressed_and_selection(q, k_cmp, v_cmp, *, cfg):
+    """The compressed branch ``[B, T, Hq, D]`` and the selected ids ``[B, T, Hkv, n]``.
+
+    Per query tile, the compressed probabilities give the branch output, the
+    block scores and the selection in one pass (no ``[T, Ns]`` score array).
+    """
     num_select = core.num_selection_blocks(q.shape[1], cfg.select_size)
 
-    def compressed_and_selection(start, out, probs):
+    def compressed_and_ids(start, out, probs):
         positions = tile_positions(start, out.shape[1])[None, :, None]
         return out, select(selection_scores(probs, cfg, num_select), positions, cfg)
 
-    compressed, block_ids = _compressed_tiles(q, k_cmp, v_cmp, cfg, compressed_and_selection)
-    outputs = (core.ungroup_queries(compressed).astype(q.dtype),
-               selected_attention(q, k, v, block_ids, cfg=cfg),
-               sliding_window_attention(q, k, v, cfg=cfg))
-    dtype = core.compute_dtype(q.dtype)
-    mixed = sum(gates[..., i, None].astype(dtype) * out.astype(dtype) for i, out in enumerate(outputs))
-    return mixed.astype(q.dtype)
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "max_seqlen"))
-def packed_nsa_attention(q, k, v, gates, mlp, cu_seqlens, *, cfg, max_seqlen):
-    """Packed sequences as a padded batch ``[S, max_seqlen]``, packed back afterwards."""
-    index, real = core.packed_index(cu_seqlens, max_seqlen)
-    padded = [core.pad_sequences(x, index, real) for x in (q, k, v, gates)]
-    return core.unpad_sequences(nsa_attention(*padded, mlp, cfg=cfg), cu_seqlens, q.shape[1])
+    compressed, block_ids = _compressed_tiles(q, k_cmp, v_cmp, cfg, compressed_and_ids)
+    return core.ungroup_queries(compressed).astype(q.dtype), block_ids

@@ -50,6 +50,17 @@ selected branch and the window branch each run over query tiles of
 scores, ``tile * n * l'`` gathered keys, ``tile * (tile + w)`` window scores),
 and tiles are rematerialised under ``jax.grad``. No ``[T, T]`` array exists.
 
+Implementations (``NSAConfig.implementation``, decided in ``_nsa_dispatch``):
+on a CUDA GPU the compressed branch with its block scores and the selected
+branch are Pallas (Triton) kernels (``_nsa_pallas``) and the window branch is
+cuDNN's sliding-window flash attention (bfloat16 and float16); elsewhere, and
+for shapes the kernels do not take (head dim, ``Hq/Hkv``, ``l'`` and ``l'/d``
+must be powers of two), the plain-JAX tiled branches run. Both compute the same
+function: they differ by the order of float sums and, in bfloat16, by the
+kernels rounding attention probabilities to bfloat16 before they meet the
+values. The kernels' gradients are the plain branches' VJPs. On every path the
+compressed keys and values are rounded to the input dtype before attention.
+
 Variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` takes packed
 sequences in a batch of one (``q`` ``[1, total, Hq, D]``) and int32
 ``cu_seqlens`` ``[S + 1]`` (starts, ``cu_seqlens[0] == 0``, non-decreasing,
@@ -80,6 +91,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_topk import _nsa_checks as checks
+from jax_topk import _nsa_dispatch as dispatch
 from jax_topk import _nsa_reference
 from jax_topk import _nsa_tiled as tiled
 
@@ -107,6 +119,12 @@ class NSAConfig:
       local_blocks: selection blocks ending at the query's own block always selected (the paper: 2).
       scale: softmax scale; None means ``1/sqrt(head_dim)``.
       query_tile: queries per tile of the O(T)-memory loops.
+      implementation: ``"auto"`` (Pallas kernels for the compressed and
+        selected branches and cuDNN's sliding-window attention on a CUDA GPU,
+        where the shapes suit them; plain JAX elsewhere), ``"xla"`` (plain JAX
+        everywhere) or ``"pallas"`` (the kernels, in Pallas's interpreter off
+        the GPU; an error when the shapes do not suit them). All give the same
+        function; see "Implementations" in the module docstring.
 
     Example:
       >>> from jax_topk.nsa import NSAConfig
@@ -128,6 +146,7 @@ class NSAConfig:
     local_blocks: int = 2
     scale: float | None = None
     query_tile: int = 64
+    implementation: Literal["auto", "xla", "pallas"] = "auto"
 
     def __post_init__(self):
         checks.config(self)
@@ -311,8 +330,8 @@ def selected_attention(q: jax.Array, k: jax.Array, v: jax.Array, block_ids: jax.
     selection blocks to attend (block j = tokens ``[j*l', (j+1)*l')``), as
     ``select_blocks`` makes them: distinct, -1 for none, any order. Keys after
     the query are masked, so a block that starts after it adds nothing. Every
-    query head of a GQA group uses its KV head's blocks. Runs over query tiles;
-    a GPU kernel can replace this function as it stands.
+    query head of a GQA group uses its KV head's blocks. Runs over query tiles,
+    or as a Pallas kernel on a CUDA GPU (``NSAConfig.implementation``).
 
     Example:
       >>> import jax.numpy as jnp
@@ -327,14 +346,15 @@ def selected_attention(q: jax.Array, k: jax.Array, v: jax.Array, block_ids: jax.
     fn = "jax_topk.nsa.selected_attention"
     checks.qkv(q, k, v, fn)
     checks.block_ids(block_ids, q, k, cfg, fn)
-    return tiled.selected_attention(q, k, v, block_ids, cfg=cfg)
+    how = dispatch.plan(cfg, q.shape, q.dtype, k.shape[2], fn)
+    return dispatch.selected_attention(q, k, v, block_ids, cfg, how)
 
 
 def sliding_window_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: NSAConfig) -> jax.Array:
     """The window branch: query t attends keys ``t - w < s <= t``, ``[B, T, Hq, D]``.
 
-    Runs over query tiles, each reading a key span of ``tile + w - 1``; a GPU
-    kernel can replace this function as it stands.
+    Runs over query tiles, each reading a key span of ``tile + w - 1``, or
+    through cuDNN's sliding-window attention on a CUDA GPU (bfloat16, float16).
 
     Example:
       >>> import jax.numpy as jnp
@@ -347,7 +367,8 @@ def sliding_window_attention(q: jax.Array, k: jax.Array, v: jax.Array, cfg: NSAC
     fn = "jax_topk.nsa.sliding_window_attention"
     checks.config(cfg, fn)
     checks.qkv(q, k, v, fn)
-    return tiled.sliding_window_attention(q, k, v, cfg=cfg)
+    how = dispatch.plan(cfg, q.shape, q.dtype, k.shape[2], fn)
+    return dispatch.sliding_window_attention(q, k, v, cfg, how)
 
 
 def nsa_attention(q: jax.Array, k: jax.Array, v: jax.Array, gates: jax.Array, cfg: NSAConfig, *,
@@ -388,10 +409,12 @@ def nsa_attention(q: jax.Array, k: jax.Array, v: jax.Array, gates: jax.Array, cf
     """
     fn = "jax_topk.nsa.nsa_attention"
     mlp = checks.attention_inputs(q, k, v, gates, cfg, params, fn)
+    how = dispatch.plan(cfg, q.shape, q.dtype, k.shape[2], fn)
     if cu_seqlens is None:
-        return tiled.nsa_attention(q, k, v, gates, mlp, cfg=cfg)
+        return dispatch.nsa_attention(q, k, v, gates, mlp, cfg=cfg, how=how)
     cu_seqlens, max_seqlen = checks.cu_seqlens(cu_seqlens, max_seqlen, q.shape, fn)
-    return tiled.packed_nsa_attention(q, k, v, gates, mlp, cu_seqlens, cfg=cfg, max_seqlen=max_seqlen)
+    return dispatch.packed_nsa_attention(q, k, v, gates, mlp, cu_seqlens, cfg=cfg, how=how,
+                                         max_seqlen=max_seqlen)
 
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, gates: jax.Array, cfg: NSAConfig, *,

@@ -13,6 +13,7 @@ import pytest
 from jax.extend import core as jex_core
 from jax.test_util import check_grads
 
+from conftest import TEST_PLATFORM
 from jax_topk import _nsa_core, _nsa_reference, nsa
 
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -341,6 +342,91 @@ def test_selected_attention_kernel_in_interpret_mode(seed):
             nsa.selected_attention(q, k, v, block_ids, case.cfg), **F32_TOL)
 
 
+# ----------------------------------------------------------------------------- the kernel path
+
+# Shapes the kernels take (powers of two: D, Hq/Hkv, l', l'/d), small enough for the interpreter.
+KERNEL_CFG = nsa.NSAConfig(block_size=8, stride=4, select_size=16, num_selected=4, window=24, local_blocks=1)
+
+
+@pytest.mark.parametrize("length,batch,compression", [(150, 1, "mean"), (77, 2, "mlp")])
+def test_pallas_implementation_matches_reference(length, batch, compression):
+    """implementation="pallas" (the kernels, by Pallas's interpreter here) against
+    the reference, forward and gradients; its gradients are the plain VJPs."""
+    cfg = dataclasses.replace(KERNEL_CFG, compression=compression, implementation="pallas")
+    case = Case(cfg, batch, length, 4, 2, 16)
+    q, k, v, g, params = make_inputs(case, seed=length)
+    cotangent = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), q.dtype)
+    got = output_and_grads(nsa.nsa_attention, cfg, q, k, v, g, params, cotangent)
+    want = output_and_grads(nsa.reference, cfg, q, k, v, g, params, cotangent)
+    assert_trees_close(got, want, **F32_TOL)
+
+
+def test_pallas_selection_runs_in_chunks(monkeypatch):
+    """Queries past the first block-score chunk (lax.map over chunks): the
+    selection equals the plain path's."""
+    from jax_topk import _nsa_pallas, _nsa_tiled
+
+    monkeypatch.setattr(_nsa_pallas, "_SELECTION_CHUNK", 128)
+    jax.clear_caches()  # the chunk is read when a call is traced
+    q, k, v, _, _ = make_inputs(Case(KERNEL_CFG, 1, 300, 2, 1, 16))
+    k_cmp, v_cmp = nsa.compress_kv(k, v, KERNEL_CFG)
+    _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=KERNEL_CFG, interpret=True)
+    assert lse.shape[1] == 384  # three chunks
+    got = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=KERNEL_CFG, interpret=True)
+    _, want = _nsa_tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=KERNEL_CFG)
+    np.testing.assert_array_equal(got, want)
+    jax.clear_caches()
+
+
+def test_pallas_implementation_refuses_other_shapes():
+    q, k, v, g, _ = make_inputs(Case(KERNEL_CFG, 1, 20, 6, 2, 16))
+    with pytest.raises(ValueError, match=r"implementation='pallas' cannot run .* Hq/Hkv=3 is not a power of two"):
+        nsa.nsa_attention(q, k, v, g, dataclasses.replace(KERNEL_CFG, implementation="pallas"))
+
+
+gpu_only = pytest.mark.skipif(TEST_PLATFORM == "cpu", reason="the GPU kernels need JAX_TOPK_TEST_PLATFORM=gpu")
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("length", [1000, 4500])
+def test_gpu_kernels_match_plain_branches(dtype, length):
+    """Each GPU kernel against its plain-JAX branch on the same inputs: the
+    compressed branch, the selection (block scores + top_k; 4500 > one chunk),
+    the selected branch on the same ids, and cuDNN's window (half dtypes)."""
+    from jax_topk import _nsa_dispatch, _nsa_pallas, _nsa_tiled
+
+    cfg = nsa.NSAConfig()
+    dt = jnp.dtype(dtype)
+    q, k, v, _, _ = make_inputs(Case(cfg, 1, length, 8, 2, 64), dtype=dt, seed=length)
+    tol = F32_TOL if dt == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+    k_cmp, v_cmp = (x.astype(dt) for x in nsa.compress_kv(k, v, cfg))
+    out, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
+    plain_out, plain_ids = _nsa_tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=cfg)
+    assert_trees_close(out, plain_out, **tol)
+    ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
+    # Scores equal up to the order of float sums: a pick differs only at a near-tie.
+    assert float(jnp.mean(jnp.all(ids == plain_ids, axis=-1))) > 0.999
+    assert_trees_close(_nsa_pallas.selected_attention(q, k, v, plain_ids, cfg=cfg),
+                       _nsa_tiled.selected_attention(q, k, v, plain_ids, cfg=cfg), **tol)
+    how = _nsa_dispatch.plan(cfg, q.shape, q.dtype, 2, "test")
+    assert how.kernels and not how.interpret and how.cudnn_window == (dt != jnp.float32)
+    assert_trees_close(nsa.sliding_window_attention(q, k, v, cfg),
+                       nsa.sliding_window_attention(q, k, v, dataclasses.replace(cfg, implementation="xla")), **tol)
+
+
+@gpu_only
+def test_gpu_nsa_attention_matches_reference():
+    """The dispatched GPU path (kernels, float32) against the reference, forward and gradients."""
+    cfg = nsa.NSAConfig(window=100)
+    case = Case(cfg, 2, 700, 8, 2, 64)
+    q, k, v, g, params = make_inputs(case, seed=3)
+    cotangent = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), q.dtype)
+    got = output_and_grads(nsa.nsa_attention, cfg, q, k, v, g, params, cotangent)
+    want = output_and_grads(nsa.reference, cfg, q, k, v, g, params, cotangent)
+    assert_trees_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_gates():
     params = nsa.init_gate_params(jax.random.key(0), 6, 2)
     params["bias"] = jnp.arange(6.0).reshape(2, 3)
@@ -389,6 +475,7 @@ def test_no_quadratic_intermediate():
     (dict(compression="max"), "compression must be 'mean' or 'mlp'"),
     (dict(scale=0.0), "scale=0.0 must be a positive"),
     (dict(query_tile=2.5), "query_tile must be an int"),
+    (dict(implementation="triton"), "implementation must be one of"),
 ])
 def test_bad_config(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message.replace("(", r"\(")):

@@ -1,0 +1,183 @@
+"""Which implementation runs each NSA branch, decided in one place, and the
+composition of ``nsa_attention`` from them.
+
+Paths (``NSAConfig.implementation``):
+
+* ``"xla"``: the plain-JAX tiled branches of ``_nsa_tiled`` everywhere.
+* ``"pallas"``: the Pallas kernels of ``_nsa_pallas`` for the compressed branch
+  with its block scores and for the selected branch (in Pallas's interpreter
+  off the GPU: slow, for tests); an error when the shapes do not suit them.
+* ``"auto"`` (default): the kernels on a CUDA GPU when the shapes suit them,
+  else the plain path.
+
+On a CUDA GPU with bfloat16 or float16 inputs (``"auto"`` or ``"pallas"``), the
+window branch is cuDNN's sliding-window flash attention
+(``jax.nn.dot_product_attention(..., local_window_size=(w - 1, 0))``); it
+measured 18x the plain-JAX window on an H200 (``benchmarks/results/NOTES.md``).
+
+The kernels are forward passes. Their gradients are the plain branches' VJPs
+(``jax.custom_vjp``): the backward pass recomputes each branch tile by tile, so
+training memory stays O(T). The selection is never differentiated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jax_topk import _info
+from jax_topk import _nsa_core as core
+from jax_topk import _nsa_pallas as kernels
+from jax_topk import _nsa_tiled as tiled
+
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+_CUDNN_MAX_HEAD_DIM = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one call runs (static: part of the jit cache key)."""
+
+    kernels: bool = False       # Pallas kernels for the compressed and selected branches
+    interpret: bool = False     # ... run by Pallas's interpreter (implementation="pallas" off the GPU)
+    cudnn_window: bool = False  # cuDNN's sliding-window attention for the window branch
+
+
+def _on_cuda() -> bool:
+    return jax.default_backend() == "gpu" and _info._lowering_platform("gpu") == "cuda"
+
+
+def plan(cfg, q_shape: tuple[int, ...], q_dtype, kv_heads: int, fn: str) -> Plan:
+    """The plan for queries of ``q_shape``/``q_dtype`` over ``kv_heads`` KV heads."""
+    if cfg.implementation == "xla":
+        return Plan()
+    on_gpu = _on_cuda()
+    reason = kernels.unsupported(cfg, q_shape, kv_heads)
+    if cfg.implementation == "pallas" and reason is not None:
+        raise ValueError(f"{fn}: implementation='pallas' cannot run these shapes (q {tuple(q_shape)}, "
+                         f"{kv_heads} KV heads): {reason}; use implementation='auto' or 'xla'")
+    use_kernels = reason is None and (on_gpu or cfg.implementation == "pallas")
+    cudnn_window = (on_gpu and jnp.dtype(q_dtype) in map(jnp.dtype, _CUDNN_DTYPES)
+                    and q_shape[-1] % 8 == 0 and q_shape[-1] <= _CUDNN_MAX_HEAD_DIM)
+    return Plan(kernels=use_kernels, interpret=use_kernels and not on_gpu, cudnn_window=cudnn_window)
+
+
+# ----------------------------------------------------------------------------- kernels with plain VJPs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _compressed_kernel(q, k_cmp, v_cmp, cfg, interpret):
+    # k_cmp and v_cmp arrive rounded to q's dtype but in the compute dtype, so
+    # their cotangents (the plain VJP's) are not rounded to it.
+    return kernels.compressed_attention(q, k_cmp.astype(q.dtype), v_cmp.astype(q.dtype), cfg=cfg,
+                                        interpret=interpret)
+
+
+def _compressed_fwd(q, k_cmp, v_cmp, cfg, interpret):
+    return _compressed_kernel(q, k_cmp, v_cmp, cfg, interpret), (q, k_cmp, v_cmp)
+
+
+def _compressed_bwd(cfg, interpret, residuals, cotangents):
+    del interpret
+    out_cotangent, _ = cotangents  # the log-sum-exp only feeds the (undifferentiated) selection
+    _, vjp = jax.vjp(functools.partial(tiled.compressed_attention, cfg=cfg), *residuals)
+    return vjp(out_cotangent)
+
+
+_compressed_kernel.defvjp(_compressed_fwd, _compressed_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _selected_kernel(q, k, v, block_ids, cfg, interpret):
+    return kernels.selected_attention(q, k, v, block_ids, cfg=cfg, interpret=interpret)
+
+
+def _selected_fwd(q, k, v, block_ids, cfg, interpret):
+    return _selected_kernel(q, k, v, block_ids, cfg, interpret), (q, k, v, block_ids)
+
+
+def _selected_bwd(cfg, interpret, residuals, cotangent):
+    del interpret
+    q, k, v, block_ids = residuals
+    _, vjp = jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+    return (*vjp(cotangent), None)
+
+
+_selected_kernel.defvjp(_selected_fwd, _selected_bwd)
+
+
+# ----------------------------------------------------------------------------- branches
+
+
+def _per_platform(how: Plan, run, *args):
+    """``run(how, *args)`` where the plan's kernels lower (CUDA), the plain plan elsewhere.
+
+    ``plan`` looks at the default backend at trace time; the computation may
+    still run on another device (a CPU array on a GPU machine), so the choice
+    is left to lowering: only the branch of the target platform is compiled.
+    """
+    if how == Plan() or how.interpret:
+        return run(how, *args)
+    return lax.platform_dependent(*args, cuda=functools.partial(run, how), default=functools.partial(run, Plan()))
+
+
+def selected_attention(q, k, v, block_ids, cfg, how: Plan):
+    return _per_platform(how, functools.partial(_selected, cfg=cfg), q, k, v, block_ids)
+
+
+def sliding_window_attention(q, k, v, cfg, how: Plan):
+    return _per_platform(how, functools.partial(_window, cfg=cfg), q, k, v)
+
+
+def _selected(how, q, k, v, block_ids, *, cfg):
+    if how.kernels:
+        return _selected_kernel(q, k, v, block_ids.astype(jnp.int32), cfg, how.interpret)
+    return tiled.selected_attention(q, k, v, block_ids, cfg=cfg)
+
+
+def _window(how, q, k, v, *, cfg):
+    if how.cudnn_window:
+        window = min(cfg.window, max(q.shape[1], 1))
+        return jax.nn.dot_product_attention(q, k, v, scale=cfg.softmax_scale(q.shape[-1]), is_causal=True,
+                                            local_window_size=(window - 1, 0), implementation="cudnn")
+    return tiled.sliding_window_attention(q, k, v, cfg=cfg)
+
+
+def _compressed_and_selection(q, k_cmp, v_cmp, cfg, how: Plan):
+    """``(compressed branch [B, T, Hq, D], selected ids [B, T, Hkv, n])``."""
+    if not how.kernels:
+        return tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=cfg)
+    out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
+    block_ids = kernels.selection_ids(*map(lax.stop_gradient, (q, k_cmp.astype(q.dtype), lse)), cfg=cfg,
+                                      interpret=how.interpret)
+    return out, block_ids
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "how"))
+def nsa_attention(q, k, v, gates, mlp, *, cfg, how: Plan):
+    if q.shape[1] == 0:
+        return jnp.zeros(q.shape, q.dtype)
+    return _per_platform(how, functools.partial(_nsa, cfg=cfg), q, k, v, gates, mlp)
+
+
+def _nsa(how, q, k, v, gates, mlp, *, cfg):
+    k_cmp, v_cmp = tiled.compress_kv(k, v, mlp, cfg=cfg)
+    # Rounded to the input dtype, as a model stores them (and as the kernels read them).
+    k_cmp, v_cmp = core.round_to(k_cmp, q.dtype), core.round_to(v_cmp, q.dtype)
+    compressed, block_ids = _compressed_and_selection(q, k_cmp, v_cmp, cfg, how)
+    outputs = (compressed, _selected(how, q, k, v, block_ids, cfg=cfg), _window(how, q, k, v, cfg=cfg))
+    dtype = core.compute_dtype(q.dtype)
+    mixed = sum(gates[..., i, None].astype(dtype) * out.astype(dtype) for i, out in enumerate(outputs))
+    return mixed.astype(q.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "how", "max_seqlen"))
+def packed_nsa_attention(q, k, v, gates, mlp, cu_seqlens, *, cfg, how: Plan, max_seqlen):
+    """Packed sequences as a padded batch ``[S, max_seqlen]``, packed back afterwards."""
+    index, real = core.packed_index(cu_seqlens, max_seqlen)
+    padded = [core.pad_sequences(x, index, real) for x in (q, k, v, gates)]
+    return core.unpad_sequences(nsa_attention(*padded, mlp, cfg=cfg, how=how), cu_seqlens, q.shape[1])
