@@ -42,10 +42,14 @@ from jax_topk import _nsa_core as core
 from jax_topk import _nsa_tiled as tiled
 
 _MIN_DOT = 16          # Triton's dot needs every dimension >= 16
-_ROWS_PER_PROGRAM = 128  # query rows (tokens x G) of a compressed-attention program
+_MAX_GROUP = 128       # query heads per KV head the kernels take
+_COMPRESSED_ROWS = 64  # query rows (tokens x G) of a compressed-attention program (at least G)
+_TOKEN_QUANTUM = 128   # queries are padded to a multiple of this (and of every tile size here)
 _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
+# Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
+LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3)}
 
 
 def _pow2(n: int) -> bool:
@@ -58,8 +62,8 @@ def unsupported(cfg, q_shape: tuple[int, ...], kv_heads: int) -> str | None:
     ratio = cfg.select_size // cfg.stride
     if not (_pow2(dim) and dim >= _MIN_DOT):
         return f"head_dim={dim} is not a power of two >= {_MIN_DOT}"
-    if not (_pow2(groups) and groups <= _ROWS_PER_PROGRAM):
-        return f"Hq/Hkv={groups} is not a power of two <= {_ROWS_PER_PROGRAM}"
+    if not (_pow2(groups) and groups <= _MAX_GROUP):
+        return f"Hq/Hkv={groups} is not a power of two <= {_MAX_GROUP}"
     if not (_pow2(cfg.select_size) and cfg.select_size >= _MIN_DOT):
         return f"select_size={cfg.select_size} is not a power of two >= {_MIN_DOT}"
     if not _pow2(ratio):
@@ -104,7 +108,8 @@ def _cdiv(a, b: int):
     return (a + b - 1) // b
 
 
-def _compiler(num_warps: int, num_stages: int):
+def _compiler(kernel: str):
+    num_warps, num_stages = LAUNCH[kernel]
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
@@ -140,7 +145,7 @@ def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, n
 
 def _padded_length(length: int) -> int:
     """Queries padded to whole selection chunks (a multiple of every tile size here)."""
-    chunk = min(_SELECTION_CHUNK, -(-length // _ROWS_PER_PROGRAM) * _ROWS_PER_PROGRAM)
+    chunk = min(_SELECTION_CHUNK, -(-length // _TOKEN_QUANTUM) * _TOKEN_QUANTUM)
     return -(-length // chunk) * chunk
 
 
@@ -168,7 +173,7 @@ def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
     kv_heads = k_cmp.shape[2]
     groups = q_heads // kv_heads
     padded = _padded_length(length)
-    tokens = max(1, _ROWS_PER_PROGRAM // groups)
+    tokens = max(1, _COMPRESSED_ROWS // groups)
     num_tiles = padded // tokens
     score_keys, _, steps = _block_layout(cfg, padded)
     num_blocks = k_cmp.shape[1]
@@ -201,7 +206,7 @@ def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
                    pl.BlockSpec((None, tokens, None, groups), lambda r: q_block(r)[:4])],
         out_shape=[jax.ShapeDtypeStruct(queries.shape, q.dtype),
                    jax.ShapeDtypeStruct(queries.shape[:4], jnp.float32)],
-        compiler_params=_compiler(num_warps=8 if dim > 64 else 4, num_stages=2),
+        compiler_params=_compiler("compressed"),
         interpret=interpret,
     )(queries, k_cmp, v_cmp)
     return core.ungroup_queries(out[:, :length]), lse
@@ -282,7 +287,7 @@ def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, i
         out_specs=pl.BlockSpec((None, None, tokens, steps * blocks_per_step),
                                lambda r: (*head(r), r % num_tiles, 0)),
         out_shape=jax.ShapeDtypeStruct((batch, kv_heads, chunk, steps * blocks_per_step), jnp.float32),
-        compiler_params=_compiler(num_warps=8 if tokens * groups > 128 else 4, num_stages=2),
+        compiler_params=_compiler("block_scores"),
         interpret=interpret,
     )(jnp.reshape(start, (1,)).astype(jnp.int32), queries, k_cmp, lse, own, spill)
 
@@ -376,7 +381,7 @@ def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
                   pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))],
         out_specs=pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
         out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
-        compiler_params=_compiler(num_warps=4, num_stages=2),
+        compiler_params=_compiler("selected"),
         interpret=interpret,
     )(ids, queries, k, v)
     return core.ungroup_queries(out[..., :groups, :])
