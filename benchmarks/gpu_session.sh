@@ -24,7 +24,8 @@
 #   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
 #              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
 #   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against
-#              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K
+#              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
+#              then each NSA piece alone (--branches); benchmarks/nsa_tune.py sweeps the kernels' launches
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -134,7 +135,8 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
       step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
     nsa)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py
-      step bench_nsa 500 python3 benchmarks/nsa.py --out "$OUT" ;;
+      step bench_nsa 500 python3 benchmarks/nsa.py --out "$OUT"
+      step bench_nsa_branches 200 python3 benchmarks/nsa.py --branches --seqlens 16384,65536 --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;
   esac
 done

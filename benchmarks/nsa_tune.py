@@ -4,7 +4,7 @@ and the compressed kernel's rows per program) at one length, forward alone.
     python benchmarks/nsa_tune.py [--seqlen 65536] [--out benchmarks/results]
 
 bfloat16, B=1, Hq=64, Hkv=4, D=128, the default NSAConfig (the NSA issue's
-shape). Prints and writes ``<out>/<device>-nsa-tune.json``: microseconds per
+shape). Prints and writes ``<out>/<device>-nsa-tune-<T>.json``: microseconds per
 (kernel, num_warps, num_stages[, rows]).
 """
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
         _nsa_pallas.LAUNCH.update(default_launch)
         _nsa_pallas._COMPRESSED_ROWS = default_rows
     result = {"device": _bench.device_name(), "jax": jax.__version__, "seqlen": t, "rows": rows}
-    print(f"wrote {_bench.write_result(result, args.out, '-nsa-tune')}.json")
+    print(f"wrote {_bench.write_result(result, args.out, f'-nsa-tune-{t}')}.json")
     return 0
 
 

@@ -141,9 +141,14 @@ def _selected(how, q, k, v, block_ids, *, cfg):
 
 def _window(how, q, k, v, *, cfg):
     if how.cudnn_window:
-        window = min(cfg.window, max(q.shape[1], 1))
-        return jax.nn.dot_product_attention(q, k, v, scale=cfg.softmax_scale(q.shape[-1]), is_causal=True,
-                                            local_window_size=(window - 1, 0), implementation="cudnn")
+        length = q.shape[1]
+        window = min(cfg.window, max(length, 1))
+        # cuDNN's training path takes even lengths only (a window is a bias there): one
+        # more token at the end changes no earlier output (causal), and is dropped.
+        q, k, v = (jnp.pad(x, [(0, 0), (0, length % 2), (0, 0), (0, 0)]) for x in (q, k, v))
+        out = jax.nn.dot_product_attention(q, k, v, scale=cfg.softmax_scale(q.shape[-1]), is_causal=True,
+                                           local_window_size=(window - 1, 0), implementation="cudnn")
+        return out[:, :length]
     return tiled.sliding_window_attention(q, k, v, cfg=cfg)
 
 
