@@ -58,7 +58,8 @@ for shapes the kernels do not take (head dim, ``Hq/Hkv``, ``l'`` and ``l'/d``
 must be powers of two), the plain-JAX tiled branches run. Both compute the same
 function: they differ by the order of float sums and, in bfloat16, by the
 kernels rounding attention probabilities to bfloat16 before they meet the
-values. The kernels' gradients are the plain branches' VJPs. On every path the
+values. The kernels' block scores exist for 4096 queries at a time (memory stays
+O(T)); their gradients are the plain branches' VJPs. On every path the
 compressed keys and values are rounded to the input dtype before attention.
 
 Variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` takes packed
