@@ -120,9 +120,7 @@ def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, n
                        scale):
     tokens, groups, dim = q_ref.shape
     rows = tokens * groups
-    # The longest tiles (last queries) first: fewer programs left running alone at the end.
-    tile = num_tiles - 1 - pl.program_id(0) % num_tiles
-    first = tile * tokens
+    first = _reversed_tile(pl.program_id(0), num_tiles) * tokens
     q = q_ref[...].reshape(rows, dim)
     positions = first + jnp.arange(rows, dtype=jnp.int32) // groups
     steps = _cdiv(_visible_blocks(first + tokens - 1, cfg, num_blocks), keys_per_step)
@@ -149,8 +147,15 @@ def _padded_length(length: int) -> int:
     return -(-length // chunk) * chunk
 
 
-def _padded_compressed(x, num_blocks: int):
-    return jnp.pad(x, [(0, 0), (0, num_blocks - x.shape[1]), (0, 0), (0, 0)])
+def _pad_tokens(x, size: int):
+    """Zeros after the end of axis 1 (tokens or compressed blocks), up to ``size``."""
+    return jnp.pad(x, [(0, 0), (0, size - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+
+
+def _reversed_tile(r, num_tiles: int):
+    """The query tile of program r: the longest tiles (last queries) first, so fewer
+    programs are left running alone at the end."""
+    return num_tiles - 1 - r % num_tiles
 
 
 def _block_layout(cfg, length: int):
@@ -179,12 +184,12 @@ def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
     num_blocks = k_cmp.shape[1]
     slab = steps * score_keys  # the block-score kernel's padding, >= Nc
     keys_per_step = min(_KEYS_PER_STEP, score_keys)  # both powers of two: divides the slab
-    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0), (0, padded - length), (0, 0), (0, 0), (0, 0)])
-    k_cmp, v_cmp = _padded_compressed(k_cmp, slab), _padded_compressed(v_cmp, slab)
+    queries = _pad_tokens(core.group_queries(q, kv_heads), padded)
+    k_cmp, v_cmp = _pad_tokens(k_cmp, slab), _pad_tokens(v_cmp, slab)
 
     def tile_block(r):  # (b, tile, h) of program r: KV head major, tiles reversed inside
         bh = r // num_tiles
-        return bh // kv_heads, num_tiles - 1 - r % num_tiles, bh % kv_heads
+        return bh // kv_heads, _reversed_tile(r, num_tiles), bh % kv_heads
 
     def q_block(r):
         b, t, h = tile_block(r)
@@ -308,8 +313,8 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
     padded = lse.shape[1]
     chunk = min(_SELECTION_CHUNK, padded)
     keys_per_step, _, steps = _block_layout(cfg, padded)
-    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0), (0, padded - length), (0, 0), (0, 0), (0, 0)])
-    k_padded = _padded_compressed(k_cmp, steps * keys_per_step)
+    queries = _pad_tokens(core.group_queries(q, kv_heads), padded)
+    k_padded = _pad_tokens(k_cmp, steps * keys_per_step)
 
     def one_chunk(start):
         scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
@@ -364,7 +369,7 @@ def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
     ids = block_ids.astype(jnp.int32)
     ids = jnp.where(ids < padded // select_size, ids, -1)
     ids = jnp.pad(ids, [(0, 0)] * 3 + [(0, id_slots - num_ids)], constant_values=-1)
-    k, v = (jnp.pad(x, [(0, 0), (0, padded - length), (0, 0), (0, 0)]) for x in (k, v))
+    k, v = _pad_tokens(k, padded), _pad_tokens(v, padded)
 
     def token(r):  # (b, t, h) of program r
         bh = r // length
