@@ -25,7 +25,7 @@
 #              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
 #   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
-#              then each NSA piece alone (--branches); benchmarks/nsa_tune.py sweeps the kernels' launches
+#              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench

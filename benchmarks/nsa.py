@@ -1,7 +1,8 @@
 """The NSA issue's benchmark, side by side in one process.
 
     python benchmarks/nsa.py [--seqlens 8192,16384,32768,65536] [--heads 64] [--kv-heads 4]
-                             [--dim 128] [--no-backward] [--out benchmarks/results]
+                             [--dim 128] [--no-backward] [--plain] [--branches | --tune]
+                             [--out benchmarks/results]
 
 B=1 sequence of T tokens, bfloat16 q [1, T, Hq, D], k and v [1, T, Hkv, D],
 gates from a sigmoid, the default ``NSAConfig`` (l=32, d=16, l'=64, n=16,
@@ -13,8 +14,9 @@ forward, and forward + backward (the gradient of <out, cotangent> with respect
 to q, k and v); ``--plain`` adds ``nsa_attention`` on the plain-JAX path.
 ``--branches`` instead times each NSA piece alone (forward) as
 ``nsa_attention`` runs it (the kernels on a GPU), with ``--plain`` the
-plain-JAX branches beside them. Memory: the
-compiled executable's temporaries
+plain-JAX branches beside them. ``--tune`` (GPU) instead sweeps the Pallas
+kernels' Triton launches (``_nsa_pallas.LAUNCH``) and writes
+``<device>-nsa-tune-<T>.json``. Memory: the compiled executable's temporaries
 (``memory_analysis().temp_size_in_bytes``), which must grow linearly in T for
 NSA. Writes ``<out>/<device>-nsa.json`` and a plot beside it.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import os
 import sys
 
@@ -93,6 +96,46 @@ def run_length(t: int, args, bar: _bench.Progress) -> dict:
     return row
 
 
+def kernel_inputs(q, k, v, cfg, interpret: bool) -> tuple:
+    """What the kernels after the first read: ``(k_cmp, v_cmp, lse, block ids)``."""
+    k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
+    _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg, interpret=interpret)
+    ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, interpret=interpret)
+    return jax.block_until_ready((k_cmp, v_cmp, lse, ids))
+
+
+def launch_sweep(t: int, args) -> list:
+    """Microseconds of each Pallas kernel alone per Triton launch (``_nsa_pallas.LAUNCH``:
+    num_warps, num_stages; for the compressed kernel also the rows per program)."""
+    cfg = nsa.NSAConfig()
+    q, k, v, _, _ = inputs_for(t, args)
+    k_cmp, v_cmp, lse, ids = kernel_inputs(q, k, v, cfg, interpret=False)
+    calls = {
+        "compressed": (lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg), (q, k_cmp, v_cmp)),
+        "block_scores": (lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg), (q, k_cmp, lse)),
+        "selected": (lambda a: _nsa_pallas.selected_attention(*a, cfg=cfg), (q, k, v, ids)),
+    }
+    default_launch, default_rows = dict(_nsa_pallas.LAUNCH), _nsa_pallas._COMPRESSED_ROWS
+    rows = []
+    for kernel, (op, x) in calls.items():
+        row_options = (64, 128) if kernel == "compressed" else (default_rows,)
+        warp_options, stage_options = ((2, 4, 8), (2, 3, 4)) if kernel == "selected" else ((4, 8), (1, 2, 3))
+        for warps, stages, per_program in itertools.product(warp_options, stage_options, row_options):
+            _nsa_pallas.LAUNCH[kernel] = (warps, stages)
+            _nsa_pallas._COMPRESSED_ROWS = per_program
+            jax.clear_caches()  # the launch is read when a call is traced
+            try:
+                us = _bench.measure(op, [x], args.repeats).seconds * 1e6
+            except Exception as e:  # a launch Triton cannot compile (shared memory, registers)
+                us = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            rows.append({"kernel": kernel, "num_warps": warps, "num_stages": stages, "rows": per_program, "us": us})
+            print(rows[-1], flush=True)
+        _nsa_pallas.LAUNCH.update(default_launch)
+        _nsa_pallas._COMPRESSED_ROWS = default_rows
+    jax.clear_caches()
+    return rows
+
+
 def branch_breakdown(t: int, args) -> dict:
     """Forward time of each NSA piece alone at length t (microseconds): what
     ``nsa_attention`` runs here (``_nsa_dispatch.plan``), and with ``--plain``
@@ -101,9 +144,7 @@ def branch_breakdown(t: int, args) -> dict:
     plain = dataclasses.replace(cfg, implementation="xla")
     q, k, v, _, _ = inputs_for(t, args)
     interpret = jax.default_backend() != "gpu"
-    k_cmp, v_cmp = (x.astype(q.dtype) for x in jax.block_until_ready(nsa.compress_kv(k, v, cfg)))
-    _, lse = jax.block_until_ready(_nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg, interpret=interpret))
-    ids = jax.block_until_ready(_nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, interpret=interpret))
+    k_cmp, v_cmp, lse, ids = kernel_inputs(q, k, v, cfg, interpret)
     pieces = {
         "compress_kv": (lambda a: nsa.compress_kv(a[1], a[2], cfg), (q, k, v)),
         "compressed (kernel, + log-sum-exp)": (
@@ -182,9 +223,18 @@ def main(argv=None) -> int:
     parser.add_argument("--no-backward", dest="backward", action="store_false")
     parser.add_argument("--branches", action="store_true", help="time each NSA branch alone instead")
     parser.add_argument("--plain", action="store_true", help="also time the plain-JAX path (implementation='xla')")
+    parser.add_argument("--tune", action="store_true", help="sweep the kernels' Triton launches instead (GPU)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     seqlens = [int(s) for s in args.seqlens.split(",")]
+    if args.tune:
+        if jax.default_backend() != "gpu":
+            parser.error("--tune sweeps Triton launches: it needs a GPU")
+        for t in seqlens:
+            result = {"device": _bench.device_name(), "jax": jax.__version__, "seqlen": t,
+                      "rows": launch_sweep(t, args)}
+            print(f"wrote {_bench.write_result(result, args.out, f'-nsa-tune-{t}')}.json")
+        return 0
     if args.branches:
         rows = [branch_breakdown(t, args) for t in seqlens]
         for r in rows:
