@@ -29,7 +29,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jax_topk import _compat, _registry, _sharding
+from jax_topk import _compat, _info, _registry, _sharding
 from jax_topk._topk import top_k
 
 SCORES = ("softmax", "sigmoid", "sqrt_softplus")  # index = RouteScore in routing.h
@@ -105,8 +105,9 @@ route_p = Primitive("jax_topk_route")
 route_p.multiple_results = True
 route_p.def_impl(functools.partial(_compat.apply_primitive, route_p))
 # The kernel call itself; route_p lowers to it, partitioned across devices
-# when the logits are sharded (_sharding.py: tokens stay where they are, a
-# sharded expert axis is gathered).
+# when the logits are sharded (_sharding.py: tokens stay where they are; a
+# sharded expert axis is merged from candidates, route_candidate_merge, or
+# gathered where a merge would not be exact).
 route_local_p = Primitive("jax_topk_route_local")
 route_local_p.multiple_results = True
 
@@ -122,11 +123,16 @@ route_p.def_abstract_eval(_abstract_eval)
 route_local_p.def_abstract_eval(_abstract_eval)
 
 
+def _per_token_bias(logits, bias) -> bool:
+    """Whether a bias is one row per token (shaped like the logits) rather
+    than one per expert shared by every token (or absent)."""
+    return bias.ndim == logits.ndim and logits.ndim > 1
+
+
 def _roles(avals):
     """(logits, bias) to the partitioning: a bias is absent or per expert
     (shared by every token), or per token (sharded like the logits)."""
-    per_token = avals[1].ndim == avals[0].ndim and avals[0].ndim > 1
-    return _sharding.ELEMENTS, _sharding.ELEMENTS if per_token else _sharding.SHARED
+    return _sharding.ELEMENTS, _sharding.ELEMENTS if _per_token_bias(*avals) else _sharding.SHARED
 
 
 def _batch(args, dims, **params):
@@ -182,10 +188,108 @@ def _kernel_lowering(platform: str):
     return lowering
 
 
+def _kept_per_group(k: int, group: int, grouped: bool) -> int:
+    """How many of a group's experts (or, without groups, a device's) the
+    merge keeps: ``min(k, group)``, and with groups at least the two best
+    that make the group's score."""
+    return min(max(k, 2) if grouped else k, group)
+
+
+def candidates_per_shard(experts: int, shards: int, k: int, n_groups: int) -> int:
+    """How many experts per row each of ``shards`` devices contributes to
+    ``route_candidate_merge``: its best ``min(k, experts / shards)``, or
+    with groups (whole groups per device) each group's best
+    ``min(max(k, 2), group size)``."""
+    local = experts // shards
+    group = experts // n_groups if n_groups else local
+    return local // group * _kept_per_group(k, group, bool(n_groups))
+
+
+def merge_is_exact(avals_in, params, shards: int, platform: str) -> bool:
+    """Whether ``route_candidate_merge`` gives the unsharded result bit for
+    bit for logits whose expert axis is split over ``shards`` devices.
+
+    Not where a softmax's normaliser is needed (a bias, groups, or no
+    renormalisation): it is a sum over the whole row in one canonical order
+    that per-device partial sums would round differently. Not where a group
+    would be split across devices, and only where the kernel (not the
+    composition, whose exp/log differ) routes both the rows and the
+    candidates."""
+    logits, bias = avals_in
+    experts, k, n_groups = logits.shape[-1], params["k"], params["n_groups"]
+    if params["score"] == "softmax" and (bias.size or n_groups or not params["renormalize"]):
+        return False
+    if experts % shards or (n_groups and (experts // shards) % (experts // n_groups)):
+        return False
+    lowering_platform = _info._lowering_platform(platform)
+    limits = _registry.build_info(lowering_platform).get("route_limits", {})
+    widest = experts + k if params["score"] == "softmax" else experts  # the degenerate rows' call
+    return (_registry.kernel_target("route", lowering_platform, logits.dtype) is not None
+            and widest <= limits.get("max_experts", 0) and k <= limits.get("max_k", 0))
+
+
+def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, score, n_groups,
+                          top_groups, renormalize, scale):
+    """``route`` of logits whose expert axis is split over mesh ``axes`` (run
+    per device; only where ``merge_is_exact``).
+
+    1. Each device ranks its experts by the selection key (c = score + bias,
+       or the logits themselves) and keeps its best ``candidates_per_shard``;
+       with groups, each of its (whole) groups' best. The logits are ranked
+       through a sigmoid for a softmax route: the same order, but a NaN or
+       +inf logit ranks first instead of making the device's own softmax
+       degenerate, so every row's maximum is among the candidates.
+    2. The candidates' logits, biases and global ids are all-gathered in
+       device order (equal keys keep the lower expert first) and the kernel
+       routes them with the call's parameters: the groups' two best, the k
+       best and, for a renormalised softmax, the row's maximum logit and the
+       chosen numerators are all among them, so weights and ids are the
+       unsharded ones.
+    3. A softmax row whose maximum is NaN or +-inf (every score NaN) routes to
+       experts 0..k-1: those, gathered, are routed again in front of the
+       candidates (same maximum), and replace that row's result.
+    """
+    logits, bias = operands
+    local = logits.shape[-1]
+    offset = lax.axis_index(axes) * local
+    if not bias.size:
+        bias = None
+    elif not _per_token_bias(logits, bias):  # one per expert: every device holds all of them
+        bias = jnp.broadcast_to(lax.dynamic_slice_in_dim(bias, offset, local), logits.shape)
+    no_bias = jnp.zeros((0,), jnp.float32)
+    group = local * lax.axis_size(axes) // n_groups if n_groups else local
+    rows = logits.reshape(logits.shape[:-1] + (local // group, group))
+    _, best = bind_local(rows, no_bias if bias is None else bias.reshape(rows.shape),
+                         k=_kept_per_group(k, group, bool(n_groups)),
+                         score="sigmoid" if score == "softmax" else score, n_groups=0, top_groups=0,
+                         renormalize=False, scale=1.0)
+    best = (best + group * jnp.arange(local // group, dtype=best.dtype)[:, None]).reshape(
+        logits.shape[:-1] + (-1,))
+
+    def gather(a):
+        return lax.all_gather(a, axes, axis=a.ndim - 1, tiled=True)
+
+    candidates = gather(jnp.take_along_axis(logits, best, axis=-1))
+    ids = gather(best + offset)
+    cand_bias = no_bias if bias is None else gather(jnp.take_along_axis(bias, best, axis=-1))
+    weights, at = bind_local(candidates, cand_bias, k=k, score=score, n_groups=n_groups,
+                             top_groups=top_groups, renormalize=renormalize, scale=scale)
+    ids = jnp.take_along_axis(ids, at, axis=-1)
+    if score != "softmax":
+        return weights, ids
+    head = gather(logits[..., :min(k, local)])[..., :k]  # experts 0..k-1
+    head_weights, _ = bind_local(jnp.concatenate([head, candidates], axis=-1), no_bias, k=k,
+                                 score=score, n_groups=0, top_groups=0, renormalize=renormalize,
+                                 scale=scale)
+    degenerate = ~jnp.isfinite(jnp.max(candidates.astype(jnp.float32), axis=-1, keepdims=True))
+    first = jnp.broadcast_to(jnp.arange(k, dtype=ids.dtype), ids.shape)
+    return jnp.where(degenerate, head_weights, weights), jnp.where(degenerate, first, ids)
+
+
 batching.primitive_batchers[route_p] = _batch
 ad.primitive_jvps[route_p] = _jvp
 _sharding.register(route_p, _sharding.partitioned_lowering(
-    route_local_p, roles=_roles, split_rule=None))
+    route_local_p, roles=_roles, split_rule=route_candidate_merge, split_applies=merge_is_exact))
 mlir.register_lowering(route_local_p, _fallback_lowering)
 for _platform in _registry.platforms():
     mlir.register_lowering(route_local_p, _kernel_lowering(_platform), platform=_platform)

@@ -15,9 +15,14 @@ lowers to a ``custom_partitioning`` call whose rules are here:
     input), and a second top-k merges them. Candidates are gathered in
     shard order, so equal values keep the lower global index first: the
     result is the unsharded one, bit for bit.
-  - ``sort`` and ``route``: the last axis is all-gathered and every device
-    computes the whole row (a sort's output has every element of the row;
-    routing's softmax normaliser and expert groups span the row).
+  - ``route``: the same candidate merge (``_route.route_candidate_merge``:
+    each device's best experts by the selection key, or each of its groups'
+    best, are gathered with their logits and biases, and the kernel routes
+    the candidates), wherever that is exact; where it is not (a softmax
+    whose normaliser spans the row, a group split across devices, no
+    kernel) the expert axis is gathered first.
+  - ``sort``: the last axis is all-gathered and every device sorts the
+    whole row (a sort's output has every element of the row).
   The outputs' last axis is never sharded.
 - ``indexer`` (q, keys, weights, lengths, all leading with the batch): the
   batch axis is partitioned, every other axis gathered
@@ -45,6 +50,9 @@ from jax_topk import _compat
 # A split strategy for a sharded last axis: (bind_local, operands, axes, params)
 # -> results, run per device inside the partitioned computation.
 SplitRule = Callable[..., Sequence[jax.Array]]
+# Whether a split rule gives the unsharded result for one call:
+# (avals_in, params, shards along the last axis, jax platform of the mesh) -> bool.
+SplitGuard = Callable[..., bool]
 
 
 def padded_spec(sharding, ndim: int) -> tuple:
@@ -144,23 +152,38 @@ def _lowering_over_local(local: Primitive, plan: Callable[..., PartitionPlan]) -
     return lowering
 
 
+def _mesh_platform(mesh) -> str:
+    """The jax platform ("cpu", "gpu", ...) of a mesh's devices."""
+    devices = getattr(mesh, "devices", None)
+    return devices.flat[0].platform if devices is not None else jax.default_backend()
+
+
 def partitioned_lowering(
     local: Primitive,
     *,
     roles: Callable[[Sequence], Sequence[str]],
     split_rule: SplitRule | None,
+    split_applies: SplitGuard | None = None,
 ) -> Callable:
     """The lowering of a public primitive whose operand 0 is ``[..., n]`` and
     whose results are ``[..., m]``, over its local twin ``local``.
 
     ``roles(avals_in)``: each operand's role (ELEMENTS for operand 0).
     ``split_rule``: what runs per device when the last axis of operand 0 is
-    sharded; None gathers that axis first.
+    sharded; None gathers that axis first. ``split_applies``: when given,
+    the calls for which ``split_rule`` is used (the others gather).
     """
 
     def plan(avals_in, bind_local, params) -> PartitionPlan:
         ndim = avals_in[0].ndim
         operand_roles = list(roles(avals_in))
+
+        def splits(mesh, entry) -> bool:
+            """Whether a last axis sharded over mesh axes ``entry`` is split (else gathered)."""
+            if split_rule is None:
+                return False
+            shards = math.prod(mesh.shape[a] for a in _mesh_axes(entry))
+            return split_applies is None or split_applies(avals_in, params, shards, _mesh_platform(mesh))
 
         def operand_specs(x_spec):
             """What each operand must be sharded as, given operand 0's spec."""
@@ -174,7 +197,7 @@ def partitioned_lowering(
                 x_spec = (None,) * ndim
             else:
                 x_spec = padded_spec(x_sharding, ndim)
-            if x_spec[-1] is not None and split_rule is None:
+            if x_spec[-1] is not None and not splits(mesh, x_spec[-1]):
                 x_spec = x_spec[:-1] + (None,)
             args = tuple(NamedSharding(mesh, PartitionSpec(*s)) for s in operand_specs(x_spec))
             out = NamedSharding(mesh, PartitionSpec(*x_spec[:-1], None))

@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_topk
 import oracle
-from conftest import make_input
+from conftest import make_input, np_dtype
 from jax_topk import routing
 from test_lengths import padded_row_reference
 
@@ -185,6 +185,79 @@ def test_route_sharded(preset, spec, mesh, rng):
     assert_same(got, want, f"{preset} {spec}")
     if spec[-1] is None or len(spec) == 1:
         assert collectives(hlo) == [], collectives(hlo)
+
+
+def merged_candidates(experts: int, shards: int, preset) -> int | None:
+    """Experts per row each device contributes to a route along a sharded
+    expert axis (its best k; with groups, each of its groups' best
+    max(k, 2)); None where the merge is not exact and the axis is gathered
+    (a softmax normaliser over the whole row)."""
+    if preset.score == "softmax" and not preset.renormalize:
+        return None
+    local = experts // shards
+    if not preset.n_groups:
+        return min(preset.k, local)
+    group = experts // preset.n_groups
+    return local // group * min(max(preset.k, 2), group)
+
+
+def special_logits(rng, tokens: int, experts: int, dtype) -> np.ndarray:
+    """Random logits with rows that stress the merge: a NaN, a +inf, all -inf
+    (a degenerate softmax), all equal and many ties (order by expert id)."""
+    x = rng.standard_normal((tokens, experts)).astype(np.float32)
+    x[1, experts - 3] = np.nan
+    x[2, experts // 2 + 1] = np.inf
+    x[3] = -np.inf
+    x[4] = 1.0
+    x[5] = rng.integers(-2, 3, size=experts)
+    x[6, :experts // 2] = -np.inf
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("spec", [P("rows", "cols"), P(None, ("rows", "cols")), P(None, "rows")], ids=str)
+@pytest.mark.parametrize("preset", sorted(routing.PRESETS))
+def test_route_along_sharded_expert_axis(preset, spec, dtype, mesh, rng):
+    # Expert-parallel logits: candidates merged (shards x their best per row
+    # gathered, never the logits), except where the softmax normaliser needs
+    # the whole row; bit-identical to one device either way.
+    experts = 256
+    logits = special_logits(rng, 24, experts, np_dtype(dtype))
+    bias = rng.standard_normal(experts).astype(np.float32) * 0.1
+    route = routing.PRESETS[preset]
+    fn = (lambda a: route(a, jnp.asarray(bias))) if route.uses_bias else route
+    got, want, hlo = run_sharded(fn, mesh, spec, logits)
+    assert_same(got, want, f"{preset} {spec} {dtype}")
+    shards, local_rows = mesh_size(mesh, spec[-1]), 24 // mesh_size(mesh, spec[0])
+    per_row = [int(np.prod(a)) // local_rows for a in all_gathered_arrays(hlo)]
+    candidates = merged_candidates(experts, shards, route)
+    if shards == 1:
+        assert per_row == []
+    elif candidates is None:
+        assert experts in per_row  # the documented strategy: the expert axis gathered
+    else:
+        assert per_row and max(per_row) <= shards * candidates < experts, per_row
+
+
+def test_route_along_sharded_expert_axis_variants(mesh, rng):
+    # A per-token bias (sharded with the logits), groups of one expert, k above
+    # the experts per device, 1-D logits, and the unsplittable cases: groups
+    # straddling devices, a softmax over a bias.
+    logits = special_logits(rng, 16, 64, np.float32)
+    bias = rng.standard_normal((16, 64)).astype(np.float32)
+    cases = {
+        "per-token bias": lambda a: jax.vmap(lambda row, b: routing.route(row, 4, score="sqrt_softplus", bias=b))(
+            a, jnp.asarray(bias)),
+        "groups of one": lambda a: routing.route(a, 3, score="sigmoid", n_groups=64, top_groups=5),
+        "k > experts per device": lambda a: routing.route(a, 12, renormalize=True),
+        "k = 1 with groups": lambda a: routing.route(a, 1, score="sigmoid", n_groups=8, top_groups=3),
+        "1-D logits": lambda a: routing.route(a[0], 5, score="sigmoid", bias=jnp.asarray(bias[0])),
+        "groups across devices": lambda a: routing.route(a, 4, score="sigmoid", n_groups=2, top_groups=1),
+        "softmax with a bias": lambda a: routing.route(a, 4, bias=jnp.asarray(bias[0]), renormalize=True),
+    }
+    for what, fn in cases.items():
+        got, want, _ = run_sharded(fn, mesh, P(None, ("rows", "cols")), logits)
+        assert_same(got, want, what)
 
 
 def test_vmap_and_grad_under_sharding(mesh, rng):
