@@ -20,7 +20,7 @@
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
 #   sharded    (2+ GPUs) tests/test_sharding.py on the GPUs, and benchmarks/sharded.py: row- and
-#              axis-sharded top_k over every GPU against one
+#              axis-sharded top_k and routing over every GPU against one
 #   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
 #              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
 #   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against

@@ -75,9 +75,15 @@ def main() -> None:
         tn = wall_us(op, xs, args.repeats)
         row = dict(op=op_name, rows=rows, n=n, k=k, sharded=how, one_gpu_us=t1, sharded_us=tn,
                    speedup=t1 / tn, bit_identical=bool(same))
+        note = ""
+        if how == "axis":  # the alternative to the candidate merge: gather the axis first
+            whole = NamedSharding(mesh, P(None, None))
+            gather_first = lambda a, op=op: op(jax.lax.with_sharding_constraint(a, whole))  # noqa: E731
+            row["gather_first_us"] = wall_us(gather_first, xs, args.repeats)
+            note = f", gathering the axis first {row['gather_first_us']:.1f} us"
         rows_out.append(row)
         print(f"{op_name} {rows}x{n} {k} sharded by {how}: 1 GPU {t1:.1f} us, {len(devices)} GPUs {tn:.1f} us "
-              f"({t1 / tn:.2f}x), identical={same}", flush=True)
+              f"({t1 / tn:.2f}x){note}, identical={same}", flush=True)
     result = dict(device=_bench.device_name(), devices=len(devices), jax=jax.__version__,
                   clock="host wall clock per call (median)", repeats=args.repeats, rows=rows_out)
     path = _bench.write_result(result, args.out, f"-x{len(devices)}-sharded") + ".json"

@@ -239,8 +239,9 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
        through a sigmoid for a softmax route: the same order, but a NaN or
        +inf logit ranks first instead of making the device's own softmax
        degenerate, so every row's maximum is among the candidates.
-    2. The candidates' logits, biases and global ids are all-gathered in
-       device order (equal keys keep the lower expert first) and the kernel
+    2. The candidates' logits and global ids (and per-token biases; a bias
+       per expert is on every device) are all-gathered in device order
+       (equal keys keep the lower expert first) and the kernel
        routes them with the call's parameters: the groups' two best, the k
        best and, for a renormalised softmax, the row's maximum logit and the
        chosen numerators are all among them, so weights and ids are the
@@ -252,9 +253,10 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
     logits, bias = operands
     local = logits.shape[-1]
     offset = lax.axis_index(axes) * local
+    shared_bias = bias if bias.size and not _per_token_bias(logits, bias) else None
     if not bias.size:
         bias = None
-    elif not _per_token_bias(logits, bias):  # one per expert: every device holds all of them
+    elif shared_bias is not None:  # one per expert: every device holds all of them
         bias = jnp.broadcast_to(lax.dynamic_slice_in_dim(bias, offset, local), logits.shape)
     no_bias = jnp.zeros((0,), jnp.float32)
     group = local * lax.axis_size(axes) // n_groups if n_groups else local
@@ -271,7 +273,10 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
 
     candidates = gather(jnp.take_along_axis(logits, best, axis=-1))
     ids = gather(best + offset)
-    cand_bias = no_bias if bias is None else gather(jnp.take_along_axis(bias, best, axis=-1))
+    if shared_bias is not None:  # looked up by global id: nothing to gather
+        cand_bias = shared_bias[ids]
+    else:
+        cand_bias = no_bias if bias is None else gather(jnp.take_along_axis(bias, best, axis=-1))
     weights, at = bind_local(candidates, cand_bias, k=k, score=score, n_groups=n_groups,
                              top_groups=top_groups, renormalize=renormalize, scale=scale)
     ids = jnp.take_along_axis(ids, at, axis=-1)

@@ -17,7 +17,7 @@ lowers to a ``custom_partitioning`` call whose rules are here:
     result is the unsharded one, bit for bit.
   - ``route``: the same candidate merge (``_route.route_candidate_merge``:
     each device's best experts by the selection key, or each of its groups'
-    best, are gathered with their logits and biases, and the kernel routes
+    best, are gathered with their logits and ids, and the kernel routes
     the candidates), wherever that is exact; where it is not (a softmax
     whose normaliser spans the row, a group split across devices, no
     kernel) the expert axis is gathered first.
