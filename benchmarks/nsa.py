@@ -79,11 +79,13 @@ def run_length(t: int, args, bar: _bench.Progress) -> dict:
     contenders = {"dense causal": dense, "nsa_attention": sparse(cfg)}
     if args.plain:
         contenders["nsa_attention (plain JAX)"] = sparse(dataclasses.replace(cfg, implementation="xla"))
-    row = {"T": t, "forward_us": {}, "forward_backward_us": {}, "temp_bytes": {}, "temp_bytes_backward": {}}
+    row = {"T": t, "forward_us": {}, "forward_backward_us": {}, "temp_bytes": {}, "temp_bytes_backward": {},
+           "clock": {}}
     for label, attention in contenders.items():
         bar.step(f"T={t}: {label}")
         fwd_args = x[:4]
-        row["forward_us"][label] = _bench.measure(lambda a: attention(*a), [fwd_args], args.repeats).seconds * 1e6
+        timed = _bench.measure(lambda a: attention(*a), [fwd_args], args.repeats)
+        row["forward_us"][label], row["clock"][label] = timed.seconds * 1e6, timed.clock
         row["temp_bytes"][label] = temp_bytes(attention, fwd_args)
         if args.backward:
             step = forward_backward(attention)

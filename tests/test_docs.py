@@ -24,3 +24,20 @@ def test_every_public_function_has_an_example(name):
     obj = getattr(jax_topk, name)
     if callable(obj):
         assert obj.__doc__ and ">>>" in obj.__doc__, f"jax_topk.{name} has no docstring example"
+
+
+def test_readme_performance_tables_are_the_recorded_results():
+    # README's tables are generated from benchmarks/results (benchmarks/report.py --write):
+    # a recorded run that changes, or a hand edit of the tables, fails here.
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
+    spec = importlib.util.spec_from_file_location("report", path)
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    readme = report.README.read_text()
+    assert report.readme_block(readme) == report.markdown(), "run: python benchmarks/report.py --write"
+    for name in report.README_RESULTS:  # every table names its device and its file
+        result = report.load(name)
+        assert result["device"] in readme and f"benchmarks/results/{name}" in readme
