@@ -170,7 +170,16 @@ def hash_route(
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A model family's routing, with its source formula."""
+    """A model family's routing, with its source formula; call it on logits
+    (and a bias, for the presets that select with one).
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from jax_topk.routing import PRESETS
+      >>> weights, ids = PRESETS["mixtral"](jnp.array([[0.0, 3.0, 1.0, 2.0, 0.5, -1.0, 2.5, 0.0]]))
+      >>> ids.tolist(), round(float(weights.sum()), 6)
+      ([[1, 6]], 1.0)
+    """
 
     k: int
     score: Score

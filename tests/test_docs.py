@@ -19,11 +19,19 @@ def test_docstring_examples(module):
     assert failures == 0
 
 
-@pytest.mark.parametrize("name", jax_topk.__all__)
-def test_every_public_function_has_an_example(name):
-    obj = getattr(jax_topk, name)
-    if callable(obj):
-        assert obj.__doc__ and ">>>" in obj.__doc__, f"jax_topk.{name} has no docstring example"
+def public_callables():
+    """Every public function and class: jax_topk's, and those the public
+    submodules (routing, nsa) define."""
+    found = [(f"jax_topk.{n}", getattr(jax_topk, n)) for n in jax_topk.__all__]
+    for module in (routing, jax_topk.nsa):
+        found += [(f"{module.__name__}.{n}", obj) for n, obj in vars(module).items()
+                  if not n.startswith("_") and getattr(obj, "__module__", None) == module.__name__]
+    return [(name, obj) for name, obj in found if callable(obj)]
+
+
+@pytest.mark.parametrize("name,obj", public_callables(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_public_function_has_an_example(name, obj):
+    assert obj.__doc__ and ">>>" in obj.__doc__, f"{name} has no docstring example"
 
 
 def test_readme_performance_tables_are_the_recorded_results():
