@@ -29,23 +29,38 @@ def load(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
 
 
-def family(result: dict) -> str:
-    """Which benchmark wrote a result: "grid" (benchmarks/run.py and
-    routing.py: one row per shape with contenders), "ragged", "indexer",
-    "nsa", "nsa_branches", "nsa_tune", "sharded" or "trace"."""
-    if "baseline" in result:
-        return "grid"
-    if "speedup_vs_padded_lax" in result:
-        return "ragged"
-    if "cases" in result:
-        return "indexer"
-    if "seqlen" in result:
-        return "nsa_tune"
-    if "kv_heads" in result:
-        return "nsa" if "forward_backward_us" in result["rows"][0] else "nsa_branches"
-    if "devices" in result:
+GRID_OPS = {"top_k": "top_k", "sort": "sort", "route": "routing"}
+
+
+def _rows(data: dict) -> list[dict]:
+    rows = data.get("rows")
+    return rows if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows) else []
+
+
+def classify(data: dict) -> str | None:
+    """Which benchmark wrote a result file, from its schema: "top_k", "sort"
+    or "routing" (benchmarks/run.py, routing.py and ``python -m jax_topk``:
+    one row per shape, contenders and a floor), "ragged", "indexer", "nsa",
+    "nsa-branches", "nsa-tune", "sharded" or "trace"; None when unknown."""
+    rows = _rows(data)
+    if rows and all({"rows", "n", "k", "times_us", "floor_us"} <= r.keys() for r in rows):
+        return GRID_OPS.get(data.get("op", "top_k"))
+    if rows and "seqlen" in data and all({"kernel", "us"} <= r.keys() for r in rows):
+        return "nsa-tune"
+    if rows and all({"T", "forward_us", "forward_backward_us", "temp_bytes"} <= r.keys() for r in rows):
+        return "nsa"
+    if rows and all({"T", "forward_us"} <= r.keys() for r in rows):
+        return "nsa-branches"
+    if rows and all({"one_gpu_us", "sharded_us"} <= r.keys() for r in rows):
         return "sharded"
-    return "trace"
+    if isinstance(data.get("cases"), list) and all("times_us" in c for c in data["cases"]):
+        return "indexer"
+    if isinstance(data.get("times_us"), dict) and "lengths" in data:
+        return "ragged"
+    traces = [v for v in data.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+    if traces and all("span_us_per_op" in r for v in traces for r in v):
+        return "trace"
+    return None
 
 
 def us(t: float) -> str:
@@ -154,8 +169,8 @@ def sharded_table(result: dict) -> str:
 
 
 TABLES: dict[str, Callable[[dict], str]] = {
-    "grid": grid_table, "ragged": ragged_table, "indexer": indexer_table, "nsa": nsa_table,
-    "sharded": sharded_table,
+    "top_k": grid_table, "sort": grid_table, "routing": grid_table, "ragged": ragged_table,
+    "indexer": indexer_table, "nsa": nsa_table, "sharded": sharded_table,
 }
 
 # The results README.md shows, in order (the newest run of each benchmark).
@@ -178,7 +193,7 @@ def markdown() -> str:
     parts = []
     for name in README_RESULTS:
         result = load(name)
-        parts.append(TABLES[family(result)](result) + f"\n\n(`benchmarks/results/{name}`)")
+        parts.append(TABLES[classify(result)](result) + f"\n\n(`benchmarks/results/{name}`)")
     return "\n\n".join(parts)
 
 
