@@ -69,6 +69,7 @@ def us(t: float) -> str:
 
 
 def ms(t_us: float) -> str:
+    """A time given in microseconds, in milliseconds."""
     return f"{t_us / 1000:.2f}"
 
 
@@ -84,8 +85,7 @@ def geomean(values: list[float]) -> float:
 
 def clock_of(result: dict) -> str:
     """How the result's times were taken (the per-contender "clock" entries)."""
-    entries = [result] + [r for r in result.get("rows", result.get("cases", [])) if isinstance(r, dict)] \
-        if isinstance(result.get("rows", []), list) else [result]
+    entries = [result, *_rows(result), *result.get("cases", [])]
     clocks = {c for e in entries if isinstance(e.get("clock"), dict) for c in e["clock"].values()}
     if clocks == {"device"}:
         return "GPU span per op (device clock)"
@@ -107,16 +107,18 @@ def grid_table(result: dict) -> str:
     header = ["shape", ours, *others, "floor", *(f"x {o}" for o in others)]
     rows = []
     for r in result["rows"]:
-        shape = f"{r.get('config', '')} {r['rows']}x{r['n']}".strip() + (f" k={r['k']}" if result.get("op") != "sort" else "")
+        shape = f"{r.get('config', '')} {r['rows']}x{r['n']}".strip()
+        if result.get("op") != "sort":  # a sort outputs whole rows: no k
+            shape += f" k={r['k']}"
         if r["dtype"] != "float32":
             shape += f" {r['dtype']}"
         t = r["times_us"]
         rows.append([shape, us(t[ours]), *(us(t[o]) if o in t else "-" for o in others), us(r["floor_us"]),
                      *(f"{t[o] / t[ours]:.2f}x" if o in t else "-" for o in others)])
-    ratios = [", ".join(f"{o} {geomean([r['times_us'][o] / r['times_us'][ours] for r in result['rows']]):.2f}x"
-                        for o in others if all(o in r["times_us"] for r in result["rows"]))]
+    ratios = ", ".join(f"{o} {geomean([r['times_us'][o] / r['times_us'][ours] for r in result['rows']]):.2f}x"
+                       for o in others if all(o in r["times_us"] for r in result["rows"]))
     op = {"top_k": "top_k", "sort": "sort (stable)", "route": "fused routing"}[result.get("op", "top_k")]
-    return (f"{title(result, op)} geomean speedup over {ratios[0]}; us; copy bandwidth "
+    return (f"{title(result, op)} geomean speedup over {ratios}; us; copy bandwidth "
             f"{result['copy_bandwidth_GBps']:.0f} GB/s.\n\n" + table(header, rows))
 
 
