@@ -39,9 +39,11 @@ def assert_gpu_equals_cpu(z, k, bias=None, **kwargs):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("experts,k", [(5, 3), (16, 4), (64, 6), (256, 8), (1000, 32)])
+@pytest.mark.parametrize("experts,k", [(5, 3), (16, 4), (33, 2), (64, 6), (100, 12), (256, 8), (1000, 32)])
 def test_gpu_equals_cpu(config, dtype, experts, k, rng):
-    # 5 and 16 experts: several tokens per warp (257 tokens: the last warp is partial).
+    # 5 and 16 experts: several tokens per warp (257 tokens: the last warp is partial). 33, 64,
+    # 100 and 256 experts: routes that rank the logits take 4 lanes per token (lists of 4, 8, 16;
+    # 33 and 100 leave the lanes uneven).
     if config["groups"] and experts % config["groups"][0]:
         pytest.skip("groups must divide the experts")
     z = jnp.asarray(rng.standard_normal((257, experts)) * 3).astype(dtype)

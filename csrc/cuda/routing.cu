@@ -1,9 +1,10 @@
 // CUDA fused MoE routing: one warp per token. Lane l holds experts l, l + 32,
 // l + 64, ... in registers (coalesced loads, any expert count), scores them
 // with the IEEE-only math of jax_topk/routing.h, and the warp picks the k
-// best by k rounds of a packed-candidate argmax. Sums run in the canonical
-// order (strided partial sums, xor butterfly) that cpu/routing_cpu.cc
-// emulates, so both produce the same bits.
+// best (a threshold, then a rank of the few candidates). Routes that rank the
+// logits themselves take 4 lanes per token instead (route_by_logits_kernel).
+// Sums run in the canonical order (strided partial sums, xor butterfly) that
+// cpu/routing_cpu.cc emulates, so both produce the same bits.
 
 #include <algorithm>
 
@@ -399,6 +400,146 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   }
 }
 
+// ---- Routes that rank the logits themselves, several lanes per token ---------
+// No bias, no groups and no softmax normaliser (a renormalised softmax, or a
+// sigmoid / sqrt(softplus) score): the selection is the k best logits, and
+// only the k chosen need a score. A warp per token spends most of its
+// instructions on 32-lane reductions for what is a small top-k, so here
+// kTokenLanes lanes share a token: each keeps a sorted register list of the
+// kList best keys of its experts (lane, lane + 4, ...), the lists are merged
+// by shuffles, and each lane writes every kTokenLanes-th output.
+constexpr int kTokenLanes = 4;
+constexpr int kLaneRouteMaxExperts = 256;  // ~64 experts per lane at most: the loop is serial
+
+// Offers expert `e` with selection key `key` to a lane's list of keys sorted
+// best first (0 = empty slot: every real key is above it). A lane offers its
+// experts in increasing order, so an equal key goes after the ones already
+// there: ties keep the lower expert first. Static indices only (registers).
+template <int kList>
+__device__ __forceinline__ void offer_to_list(uint32_t (&key)[kList], int32_t (&id)[kList], uint32_t k_new,
+                                              int32_t e) {
+#pragma unroll
+  for (int j = kList - 1; j > 0; --j) {
+    const bool above_previous = k_new > key[j - 1], above_here = k_new > key[j];
+    id[j] = above_previous ? id[j - 1] : (above_here ? e : id[j]);
+    key[j] = above_previous ? key[j - 1] : (above_here ? k_new : key[j]);
+  }
+  id[0] = k_new > key[0] ? e : id[0];
+  key[0] = k_new > key[0] ? k_new : key[0];
+}
+
+// The kList best of two lists sorted best first, sorted best first: the
+// elementwise max of one list and the other reversed is a bitonic sequence
+// holding the kList best, which a bitonic half-cleaner network sorts.
+template <int kList>
+__device__ __forceinline__ void merge_lists(uint64_t (&list)[kList], const uint64_t (&other)[kList]) {
+#pragma unroll
+  for (int j = 0; j < kList; ++j) list[j] = other[kList - 1 - j] > list[j] ? other[kList - 1 - j] : list[j];
+#pragma unroll
+  for (int half = kList / 2; half > 0; half /= 2) {
+#pragma unroll
+    for (int j = 0; j < kList; ++j) {
+      if ((j & half) == 0) {
+        const uint64_t a = list[j], b = list[j + half];
+        list[j] = a > b ? a : b;
+        list[j + half] = a > b ? b : a;
+      }
+    }
+  }
+}
+
+template <DType D, int kList>
+__global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
+    route_by_logits_kernel(const void* __restrict__ logits, float* __restrict__ weights, int32_t* __restrict__ ids,
+                           RouteConfig cfg) {
+  constexpr int kTokensPerWarp = kLanes / kTokenLanes;
+  const int lane = threadIdx.x % kTokenLanes;
+  const int segment = (threadIdx.x % kLanes) / kTokenLanes;
+  const int warp = threadIdx.x / kLanes;
+  const bool softmax = cfg.score == RouteScore::kSoftmax;
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kTokensPerWarp;
+  // The loop bound is the same for the whole warp (its shuffles need every lane).
+  for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kTokensPerWarp; first < cfg.tokens;
+       first += stride) {
+    const int64_t token = first + segment;
+    const bool active = token < cfg.tokens;
+    const int64_t row = active ? token * cfg.experts : 0;
+    uint32_t best_key[kList];
+    int32_t best_id[kList];
+#pragma unroll
+    for (int j = 0; j < kList; ++j) best_key[j] = 0, best_id[j] = 0;
+    float m = -__int_as_float(0x7F800000);
+    // kChunk loads in flight per lane, then their keys: one memory latency
+    // per chunk, not per expert.
+    constexpr int kChunk = 8;
+    for (int base = lane; active && base < cfg.experts; base += kChunk * kTokenLanes) {
+      float z[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        const int e = base + i * kTokenLanes;
+        z[i] = e < cfg.experts ? load_logit<D>(logits, row + e) : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {
+        const int e = base + i * kTokenLanes;
+        if (e < cfg.experts) {
+          m = rm::max_propagating(m, z[i]);
+          const uint32_t key = rm::selection_key(z[i]);
+          if (key > best_key[kList - 1]) offer_to_list(best_key, best_id, key, e);
+        }
+      }
+    }
+    uint64_t list[kList];  // packed for the merges, where lists of different experts meet
+#pragma unroll
+    for (int j = 0; j < kList; ++j) list[j] = best_key[j] ? rm::pack_candidate(true, best_key[j], best_id[j]) : 0;
+#pragma unroll
+    for (int offset = 1; offset < kTokenLanes; offset *= 2) {
+      uint64_t other[kList];
+#pragma unroll
+      for (int j = 0; j < kList; ++j) other[j] = warp_shfl_xor(list[j], offset);
+      merge_lists(list, other);
+      m = rm::max_propagating(m, warp_shfl_xor(m, offset));
+    }
+    // Every lane of the token now holds its kList best and the softmax
+    // shift; a softmax with a NaN or infinite shift has every score NaN, and
+    // NaN scores tie, so the k lowest experts win.
+    const bool degenerate = softmax && !(m - m == 0.0f);
+    double numerator[kList];
+#pragma unroll
+    for (int j = 0; j < kList; ++j) {
+      numerator[j] = 0.0;
+      if (active && j < cfg.k) {
+        const float z = load_logit<D>(logits, row + (degenerate ? j : rm::candidate_index(list[j])));
+        numerator[j] = softmax ? rm::softmax_exp(z, m) : score_of(cfg.score, z);
+      }
+    }
+    double denominator = 1.0;
+    if (cfg.renormalize) {  // the canonical butterfly; levels above the k numerators add +0
+      double partial[kList];
+#pragma unroll
+      for (int j = 0; j < kList; ++j) partial[j] = numerator[j];
+#pragma unroll
+      for (int offset = kList / 2; offset > 0; offset /= 2) {
+#pragma unroll
+        for (int j = 0; j < offset; ++j) partial[j] = rm::add(partial[j], partial[j + offset]);
+      }
+      denominator = partial[0];
+    }
+#pragma unroll
+    for (int j = 0; j < kList; ++j) {
+      if (active && j < cfg.k && j % kTokenLanes == lane) {
+        weights[token * cfg.k + j] = rm::weight(float(numerator[j]), denominator, cfg.scale);
+        ids[token * cfg.k + j] = degenerate ? j : rm::candidate_index(list[j]);
+      }
+    }
+  }
+}
+
+bool routes_by_logits_in_lanes(const RouteConfig& cfg) {
+  return !cfg.selects_by_score() && !cfg.needs_softmax_sum() && cfg.experts > 16 &&
+         cfg.experts <= kLaneRouteMaxExperts && cfg.k <= 16;
+}
+
 // The device's SM count and the largest dynamic shared memory a block may
 // opt into, read once per device (host work on every launch shows up in the
 // per-call time).
@@ -426,6 +567,13 @@ gpuError_t device_limits(DeviceLimits* out) {
   return gpuSuccess;
 }
 
+// Blocks for `tokens` at `tokens_per_block`: enough warps for every SM to
+// hide load latency; past 16 blocks per SM the kernels loop over tokens.
+unsigned grid_blocks(int64_t tokens, int64_t tokens_per_block, const DeviceLimits& dev) {
+  const int64_t needed = (tokens + tokens_per_block - 1) / tokens_per_block;
+  return unsigned(std::min<int64_t>(needed, int64_t(dev.sms) * 16));
+}
+
 template <DType D, int kSlots, int kWidth = kLanes>
 gpuError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
                    gpuStream_t stream) {
@@ -442,20 +590,34 @@ gpuError_t launch(const void* logits, const float* bias, float* weights, int32_t
       opted_in = true;
     }
   }
-  // Enough warps for every SM to hide load latency; more tokens loop.
-  constexpr int64_t kTokensPerBlock = kWarpsPerBlock * (kLanes / kWidth);
-  const int64_t blocks_needed = (cfg.tokens + kTokensPerBlock - 1) / kTokensPerBlock;
-  const int64_t blocks = std::min<int64_t>(blocks_needed, int64_t(dev.sms) * 16);
+  const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kWidth), dev);
   route_tokens_kernel<D, kSlots, kWidth>
-      <<<unsigned(blocks), kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights, ids, cfg);
+      <<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights, ids, cfg);
   return gpuGetLastError();
 }
 
-// Slots per lane: the smallest of these holding experts / 32. Up to 16
-// experts without groups: several tokens per warp, one lane per expert.
+template <DType D, int kList>
+gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, const RouteConfig& cfg,
+                            gpuStream_t stream) {
+  DeviceLimits dev;
+  gpuError_t err = device_limits(&dev);
+  if (err != gpuSuccess) return err;
+  const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kTokenLanes), dev);
+  route_by_logits_kernel<D, kList><<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(logits, weights, ids, cfg);
+  return gpuGetLastError();
+}
+
+// Routes that rank the logits: several lanes per token (lists of 4, 8 or 16).
+// Otherwise slots per lane: the smallest of these holding experts / 32. Up to
+// 16 experts without groups: several tokens per warp, one lane per expert.
 template <DType D>
 gpuError_t launch_for_experts(const void* logits, const float* bias, float* weights, int32_t* ids,
                                const RouteConfig& cfg, gpuStream_t stream) {
+  if (routes_by_logits_in_lanes(cfg)) {
+    if (cfg.k <= 4) return launch_by_logits<D, 4>(logits, weights, ids, cfg, stream);
+    if (cfg.k <= 8) return launch_by_logits<D, 8>(logits, weights, ids, cfg, stream);
+    return launch_by_logits<D, 16>(logits, weights, ids, cfg, stream);
+  }
   if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(logits, bias, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(logits, bias, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(logits, bias, weights, ids, cfg, stream);
