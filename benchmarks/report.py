@@ -83,12 +83,15 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+DEVICE_CLOCK = "GPU span per op (device clock)"
+
+
 def clock_of(result: dict) -> str:
     """How the result's times were taken (the per-contender "clock" entries)."""
     entries = [result, *_rows(result), *result.get("cases", [])]
     clocks = {c for e in entries if isinstance(e.get("clock"), dict) for c in e["clock"].values()}
     if clocks == {"device"}:
-        return "GPU span per op (device clock)"
+        return DEVICE_CLOCK
     if result.get("backend") == "cpu":
         return "host wall clock"
     if not clocks:  # files from before the benchmark recorded it

@@ -269,7 +269,7 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
         logits.shape[:-1] + (-1,))
 
     def gather(a):
-        return lax.all_gather(a, axes, axis=a.ndim - 1, tiled=True)
+        return _sharding.gather_last_axis(a, axes)
 
     candidates = gather(jnp.take_along_axis(logits, best, axis=-1))
     ids = gather(best + offset)

@@ -75,6 +75,11 @@ def _mesh_axes(entry) -> tuple[str, ...]:
     return entry if isinstance(entry, tuple) else (entry,)
 
 
+def gather_last_axis(a: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    """``a``'s last axis all-gathered over mesh ``axes``, in shard order (per device)."""
+    return jax.lax.all_gather(a, axes, axis=a.ndim - 1, tiled=True)
+
+
 def top_k_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k: int):
     """``top_k`` of rows whose last axis is split over mesh ``axes`` (run per
     device): local top-k, all-gather of the candidates, merge."""
@@ -88,8 +93,7 @@ def top_k_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k: int
         local += (jnp.clip(lengths - offset, 0, n_local).astype(lengths.dtype),)
     values, indices = bind_local(*local, k=min(k, n_local))
     indices = jnp.where(indices >= 0, indices + offset, indices)
-    values = jax.lax.all_gather(values, axes, axis=values.ndim - 1, tiled=True)
-    indices = jax.lax.all_gather(indices, axes, axis=indices.ndim - 1, tiled=True)
+    values, indices = gather_last_axis(values, axes), gather_last_axis(indices, axes)
     if lengths is None:
         merged, at = bind_local(values, k=k)
         return merged, jnp.take_along_axis(indices, at, axis=-1)
