@@ -118,6 +118,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         nb::dict route;
         route["max_experts"] = jax_topk::kRouteMaxExperts;
         route["max_k"] = jax_topk::kRouteMaxK;
+        route["exact_sum_words"] = jax_topk::kExactSumWords;  // a partial softmax normaliser
         d["route_limits"] = route;
 #if defined(JAX_TOPK_PLATFORM_GPU)
         // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.

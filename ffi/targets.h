@@ -37,6 +37,7 @@ constexpr bool topk_dtype(DType d) { return any_dtype(d); }
   X(sort, "jax_topk_sort", JaxTopkSort, 1, 1, sort_dtype) \
   X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 1, sort_dtype) \
   X(route, "jax_topk_route", JaxTopkRoute, 1, 1, is_route_dtype) \
+  X(route_softmax_partial, "jax_topk_route_softmax_partial", JaxTopkRouteSoftmaxPartial, 1, 1, is_route_dtype) \
   X(indexer, "jax_topk_indexer", JaxTopkIndexer, 1, 1, is_indexer_dtype)
 
 // JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, gpu_flag, code...) keeps `code` only

@@ -107,12 +107,43 @@ route_p.def_impl(functools.partial(_compat.apply_primitive, route_p))
 # The kernel call itself; route_p lowers to it, partitioned across devices
 # when the logits are sharded (_sharding.py: tokens stay where they are; a
 # sharded expert axis is merged from candidates, route_candidate_merge, or
-# gathered where a merge would not be exact).
+# gathered where a merge would not be exact). Operands (logits, bias) or,
+# inside a merge, (logits, bias, normaliser): per token the softmax shift's
+# float bits and the partial normalisers of the devices (uint32 words), used
+# instead of the row's own (kernels only).
 route_local_p = Primitive("jax_topk_route_local")
 route_local_p.multiple_results = True
+# Per token of logits [..., n] and a shift [...]: the exact sum of
+# exp(z - shift) over the row as uint32 words [..., words] (routing.h,
+# ExactSum); the partial sums of a row's parts add up to its normaliser.
+softmax_partial_p = Primitive("jax_topk_route_softmax_partial")
 
 
-def _abstract_eval(logits, bias, *, k, **_):
+def needs_normaliser(*, score, has_bias, n_groups, renormalize) -> bool:
+    """Whether a route reads the softmax normaliser (the sum over the whole
+    row): to select by score (a bias or groups), or for weights that are not
+    renormalised. RouteConfig::needs_softmax_sum in routing.h."""
+    return score == "softmax" and (has_bias or bool(n_groups) or not renormalize)
+
+
+def _exact_sum_words() -> int:
+    """uint32 words per partial normaliser (kExactSumWords in routing.h)."""
+    for platform in _registry.platforms():
+        words = _registry.build_info(platform).get("route_limits", {}).get("exact_sum_words")
+        if words:
+            return int(words)
+    raise RuntimeError("jax_topk: no compiled routing kernel reports its partial normaliser's size")
+
+
+def _partial_abstract_eval(logits, shift):
+    return logits.update(shape=logits.shape[:-1] + (_exact_sum_words(),), dtype=jnp.uint32, weak_type=False,
+                         **_sharding.output_sharding(logits))
+
+
+softmax_partial_p.def_abstract_eval(_partial_abstract_eval)
+
+
+def _abstract_eval(logits, bias, *normaliser, k, **_):
     shape = logits.shape[:-1] + (k,)
     extra = _sharding.output_sharding(logits)
     return (logits.update(shape=shape, dtype=jnp.float32, weak_type=False, **extra),
@@ -172,16 +203,22 @@ _fallback_lowering = mlir.lower_fun(composition, multiple_results=True)
 
 
 def _kernel_lowering(platform: str):
-    def lowering(ctx, logits, bias, *, k, score, n_groups, top_groups, renormalize, scale):
+    def lowering(ctx, logits, bias, *normaliser, k, score, n_groups, top_groups, renormalize, scale):
         params = dict(k=k, score=score, n_groups=n_groups, top_groups=top_groups,
                       renormalize=renormalize, scale=scale)
         aval = ctx.avals_in[0]
         target = _registry.kernel_target("route", platform, aval.dtype)
         limits = _registry.build_info(platform).get("route_limits", {})
         if target is None or aval.shape[-1] > limits.get("max_experts", 0) or k > limits.get("max_k", 0):
+            if normaliser:
+                raise NotImplementedError("jax_topk: a route with a given normaliser needs the fused kernel "
+                                          f"({platform}, {aval.dtype}, {aval.shape[-1]} experts, k={k})")
             return _fallback_lowering(ctx, logits, bias, **params)
+        if not normaliser:  # the row's own: an empty operand
+            normaliser = (mlir.ir_constant(np.zeros((0,), np.uint32)),)
+            ctx = ctx.replace(avals_in=[*ctx.avals_in, _compat.ShapedArray((0,), np.uint32)])
         return jax.ffi.ffi_lowering(target)(
-            ctx, logits, bias, k=np.int64(k), score=np.int64(SCORES.index(score)),
+            ctx, logits, bias, *normaliser, k=np.int64(k), score=np.int64(SCORES.index(score)),
             n_groups=np.int64(n_groups), top_groups=np.int64(top_groups),
             renormalize=bool(renormalize), scale=np.float32(scale))
 
@@ -209,23 +246,31 @@ def merge_is_exact(avals_in, params, shards: int, platform: str) -> bool:
     """Whether ``route_candidate_merge`` gives the unsharded result bit for
     bit for logits whose expert axis is split over ``shards`` devices.
 
-    Not where a softmax's normaliser is needed (a bias, groups, or no
-    renormalisation): it is a sum over the whole row in one canonical order
-    that per-device partial sums would round differently. Not where a group
-    would be split across devices, and only where the kernel (not the
-    composition, whose exp/log differ) routes both the rows and the
-    candidates."""
+    Not where a group would be split across devices, and only where the
+    kernel (not the composition, whose exp/log differ) routes the rows, the
+    candidates and, for a softmax normaliser, the partial sums."""
     logits, bias = avals_in
     experts, k, n_groups = logits.shape[-1], params["k"], params["n_groups"]
-    if params["score"] == "softmax" and (bias.size or n_groups or not params["renormalize"]):
-        return False
     if experts % shards or (n_groups and (experts // shards) % (experts // n_groups)):
         return False
     lowering_platform = _info._lowering_platform(platform)
     limits = _registry.build_info(lowering_platform).get("route_limits", {})
     widest = experts + k if params["score"] == "softmax" else experts  # the degenerate rows' call
+    normaliser = needs_normaliser(score=params["score"], has_bias=bool(bias.size), n_groups=n_groups,
+                                  renormalize=params["renormalize"])
     return (_registry.kernel_target("route", lowering_platform, logits.dtype) is not None
+            and (not normaliser
+                 or _registry.kernel_target("route_softmax_partial", lowering_platform, logits.dtype) is not None)
             and widest <= limits.get("max_experts", 0) and k <= limits.get("max_k", 0))
+
+
+def _shared_normaliser(logits, gather):
+    """Per token the softmax shift (the row's max logit, NaN-propagating) and
+    every device's exact partial normaliser, as the kernel's uint32 words:
+    the shift and the sum one device computes for the whole row."""
+    shift = jnp.max(gather(jnp.max(logits.astype(jnp.float32), axis=-1, keepdims=True)), axis=-1)
+    parts = gather(softmax_partial_p.bind(logits, shift))
+    return jnp.concatenate([lax.bitcast_convert_type(shift, jnp.uint32)[..., None], parts], axis=-1), shift
 
 
 def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, score, n_groups,
@@ -233,12 +278,20 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
     """``route`` of logits whose expert axis is split over mesh ``axes`` (run
     per device; only where ``merge_is_exact``).
 
+    0. A softmax whose normaliser is read (a bias, groups, or weights not
+       renormalised) first shares it: the row's max logit (one float per
+       device and token, gathered) and each device's exact partial sum of
+       exp(z - max) (``softmax_partial_p``, gathered). Partial sums are
+       integers (routing.h, ExactSum), so they add up to the very bits one
+       device computes; every kernel call below takes them instead of its
+       own row's.
     1. Each device ranks its experts by the selection key (c = score + bias,
-       or the logits themselves) and keeps its best ``candidates_per_shard``;
-       with groups, each of its (whole) groups' best. The logits are ranked
-       through a sigmoid for a softmax route: the same order, but a NaN or
-       +inf logit ranks first instead of making the device's own softmax
-       degenerate, so every row's maximum is among the candidates.
+       the score alone with groups, or the logits themselves) and keeps its
+       best ``candidates_per_shard``; with groups, each of its (whole)
+       groups' best. Without a bias or groups a softmax route's logits are
+       ranked through a sigmoid: the same order, but a NaN or +inf logit
+       ranks first instead of making the device's own softmax degenerate,
+       so every row's maximum is among the candidates.
     2. The candidates' logits and global ids (and per-token biases; a bias
        per expert is on every device) are all-gathered in device order
        (equal keys keep the lower expert first) and the kernel
@@ -259,17 +312,29 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
     elif shared_bias is not None:  # one per expert: every device holds all of them
         bias = jnp.broadcast_to(lax.dynamic_slice_in_dim(bias, offset, local), logits.shape)
     no_bias = jnp.zeros((0,), jnp.float32)
-    group = local * lax.axis_size(axes) // n_groups if n_groups else local
-    rows = logits.reshape(logits.shape[:-1] + (local // group, group))
-    _, best = bind_local(rows, no_bias if bias is None else bias.reshape(rows.shape),
-                         k=_kept_per_group(k, group, bool(n_groups)),
-                         score="sigmoid" if score == "softmax" else score, n_groups=0, top_groups=0,
-                         renormalize=False, scale=1.0)
-    best = (best + group * jnp.arange(local // group, dtype=best.dtype)[:, None]).reshape(
-        logits.shape[:-1] + (-1,))
 
     def gather(a):
         return _sharding.gather_last_axis(a, axes)
+
+    normaliser, shift = (), None
+    if needs_normaliser(score=score, has_bias=bias is not None, n_groups=n_groups, renormalize=renormalize):
+        words, shift = _shared_normaliser(logits, gather)
+        normaliser = (words,)
+
+    group = local * lax.axis_size(axes) // n_groups if n_groups else local
+    rows = logits.reshape(logits.shape[:-1] + (local // group, group))
+    by_score = bias is not None or bool(n_groups)
+    if by_score:  # the final selection's key, c = score + bias (a zero bias: c = score exactly)
+        row_bias = jnp.zeros((group,), jnp.float32) if bias is None else bias.reshape(rows.shape)
+        row_normaliser = tuple(jnp.broadcast_to(w[..., None, :], rows.shape[:-1] + w.shape[-1:]) for w in normaliser)
+        _, best = bind_local(rows, row_bias, *row_normaliser, k=_kept_per_group(k, group, bool(n_groups)),
+                             score=score, n_groups=0, top_groups=0, renormalize=False, scale=1.0)
+    else:  # the logits' order
+        _, best = bind_local(rows, no_bias, k=_kept_per_group(k, group, False),
+                             score="sigmoid" if score == "softmax" else score, n_groups=0, top_groups=0,
+                             renormalize=False, scale=1.0)
+    best = (best + group * jnp.arange(local // group, dtype=best.dtype)[:, None]).reshape(
+        logits.shape[:-1] + (-1,))
 
     candidates = gather(jnp.take_along_axis(logits, best, axis=-1))
     ids = gather(best + offset)
@@ -277,16 +342,21 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
         cand_bias = shared_bias[ids]
     else:
         cand_bias = no_bias if bias is None else gather(jnp.take_along_axis(bias, best, axis=-1))
-    weights, at = bind_local(candidates, cand_bias, k=k, score=score, n_groups=n_groups,
+    weights, at = bind_local(candidates, cand_bias, *normaliser, k=k, score=score, n_groups=n_groups,
                              top_groups=top_groups, renormalize=renormalize, scale=scale)
     ids = jnp.take_along_axis(ids, at, axis=-1)
     if score != "softmax":
         return weights, ids
     head = gather(logits[..., :min(k, local)])[..., :k]  # experts 0..k-1
-    head_weights, _ = bind_local(jnp.concatenate([head, candidates], axis=-1), no_bias, k=k,
-                                 score=score, n_groups=0, top_groups=0, renormalize=renormalize,
-                                 scale=scale)
-    degenerate = ~jnp.isfinite(jnp.max(candidates.astype(jnp.float32), axis=-1, keepdims=True))
+    head_row = jnp.concatenate([head, candidates], axis=-1)
+    if normaliser:  # every key NaN (c = NaN + 0): the first k, with the shared shift and sum
+        head_weights, _ = bind_local(head_row, jnp.zeros(head_row.shape[-1:], jnp.float32), *normaliser, k=k,
+                                     score=score, n_groups=0, top_groups=0, renormalize=renormalize, scale=scale)
+        degenerate = ~jnp.isfinite(shift)[..., None]
+    else:  # the row's own shift (the candidates hold its maximum)
+        head_weights, _ = bind_local(head_row, no_bias, k=k, score=score, n_groups=0, top_groups=0,
+                                     renormalize=renormalize, scale=scale)
+        degenerate = ~jnp.isfinite(jnp.max(candidates.astype(jnp.float32), axis=-1, keepdims=True))
     first = jnp.broadcast_to(jnp.arange(k, dtype=ids.dtype), ids.shape)
     return jnp.where(degenerate, head_weights, weights), jnp.where(degenerate, first, ids)
 
@@ -298,3 +368,18 @@ _sharding.register(route_p, _sharding.partitioned_lowering(
 mlir.register_lowering(route_local_p, _fallback_lowering)
 for _platform in _registry.platforms():
     mlir.register_lowering(route_local_p, _kernel_lowering(_platform), platform=_platform)
+
+
+def _partial_lowering(platform: str):
+    def lowering(ctx, logits, shift):
+        target = _registry.kernel_target("route_softmax_partial", platform, ctx.avals_in[0].dtype)
+        if target is None:  # merge_is_exact keeps merges that need it off such platforms
+            raise NotImplementedError(f"jax_topk: no softmax partial-sum kernel for {platform}, "
+                                      f"{ctx.avals_in[0].dtype}")
+        return jax.ffi.ffi_lowering(target)(ctx, logits, shift)
+
+    return lowering
+
+
+for _platform in _registry.platforms():
+    mlir.register_lowering(softmax_partial_p, _partial_lowering(_platform), platform=_platform)

@@ -18,8 +18,9 @@ lowers to a ``custom_partitioning`` call whose rules are here:
   - ``route``: the same candidate merge (``_route.route_candidate_merge``:
     each device's best experts by the selection key, or each of its groups'
     best, are gathered with their logits and ids, and the kernel routes
-    the candidates), wherever that is exact; where it is not (a softmax
-    whose normaliser spans the row, a group split across devices, no
+    the candidates; a softmax normaliser the route reads is shared first as
+    the row's max logit and each device's exact partial sum), wherever
+    that is exact; where it is not (a group split across devices, no
     kernel) the expert axis is gathered first.
   - ``sort``: the last axis is all-gathered and every device sorts the
     whole row (a sort's output has every element of the row).

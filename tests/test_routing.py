@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import itertools
+import math
+from fractions import Fraction
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ from jax.test_util import check_grads
 from scipy.special import expit
 
 import jax_topk
-from jax_topk import routing
+from jax_topk import _route, routing
 
 
 def np_scores(z: np.ndarray, score: str) -> np.ndarray:
@@ -152,6 +154,44 @@ def test_nan_logits_rank_first_and_propagate():
     assert np.isnan(w[0, 0]) and np.isfinite(w[0, 1])
     w, _ = routing.route(z, 2, score="sigmoid", renormalize=True)
     assert np.all(np.isnan(w))
+
+
+def _exact_sum(words: np.ndarray) -> Fraction:
+    """A partial normaliser's uint32 words (routing.h, ExactSum: an integer
+    count of 2^-149, least significant word first) as an exact number."""
+    n = sum(int(w) << (32 * i) for i, w in enumerate(words))
+    assert n >> 191 == 0, "NaN flag set"
+    return Fraction(n, 2**149)
+
+
+def test_softmax_normaliser_is_the_exactly_rounded_sum(rng):
+    # The softmax normaliser is the sum of the row's terms exp(z - max) rounded
+    # once to double (the order-free sum an expert-sharded route rebuilds from
+    # partial sums). Each term alone, as a one-expert partial sum, is a float32;
+    # the row's partial sum is exactly their sum; and the weights (k = every
+    # expert, not renormalised) are float32(term) / float32(math.fsum(terms)),
+    # fsum being the correctly rounded sum. Rows spread so that terms underflow
+    # to subnormals and 0.
+    tokens, experts = 12, 32
+    spread = np.array([0.5, 3.0, 12.0, 30.0] * 3, np.float32)[:, None]
+    z = (rng.standard_normal((tokens, experts)).astype(np.float32) * spread).astype(np.float32)
+    shift = z.max(-1)
+    partial = jax.jit(lambda a, m: _route.softmax_partial_p.bind(a, m))
+    whole = np.asarray(partial(z, shift))
+    alone = np.asarray(partial(z[..., None], np.broadcast_to(shift[:, None], z.shape)))
+    weights, ids = map(np.asarray, jax.jit(lambda a: routing.route(a, experts, renormalize=False))(z))
+    perm = rng.permutation(experts)
+    weights_p, ids_p = map(np.asarray, jax.jit(lambda a: routing.route(a, experts, renormalize=False))(z[:, perm]))
+    for t in range(tokens):
+        terms = [_exact_sum(alone[t, i]) for i in range(experts)]
+        assert all(Fraction(float(np.float32(float(e)))) == e for e in terms), t  # each a float32
+        assert _exact_sum(whole[t]) == sum(terms), t
+        denominator = np.float32(math.fsum(float(e) for e in terms))
+        want = np.array([np.float32(float(terms[i])) / denominator for i in ids[t]], np.float32)
+        np.testing.assert_array_equal(weights[t].view(np.uint32), want.view(np.uint32), err_msg=f"row {t}")
+        # The experts' order changes no bit.
+        np.testing.assert_array_equal(perm[ids_p[t]], ids[t])
+        np.testing.assert_array_equal(weights_p[t].view(np.uint32), weights[t].view(np.uint32))
 
 
 def test_presets_are_their_documented_routes(rng):

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_topk
 import oracle
 from conftest import make_input, np_dtype
-from jax_topk import routing
+from jax_topk import _route, routing
 from test_lengths import padded_row_reference
 
 CPUS = jax.devices("cpu")
@@ -187,13 +187,9 @@ def test_route_sharded(preset, spec, mesh, rng):
         assert collectives(hlo) == [], collectives(hlo)
 
 
-def merged_candidates(experts: int, shards: int, preset) -> int | None:
+def merged_candidates(experts: int, shards: int, preset) -> int:
     """Experts per row each device contributes to a route along a sharded
-    expert axis (its best k; with groups, each of its groups' best
-    max(k, 2)); None where the merge is not exact and the axis is gathered
-    (a softmax normaliser over the whole row)."""
-    if preset.score == "softmax" and not preset.renormalize:
-        return None
+    expert axis: its best k; with groups, each of its groups' best max(k, 2)."""
     local = experts // shards
     if not preset.n_groups:
         return min(preset.k, local)
@@ -201,9 +197,19 @@ def merged_candidates(experts: int, shards: int, preset) -> int | None:
     return local // group * min(max(preset.k, 2), group)
 
 
+def normaliser_words(preset) -> int:
+    """What a route that reads the softmax normaliser gathers per device and
+    row besides its candidates: the max logit, or the exact partial sum's
+    uint32 words (0 for the others)."""
+    reads = preset.score == "softmax" and (preset.uses_bias or preset.n_groups or not preset.renormalize)
+    return _route._exact_sum_words() if reads else 0
+
+
 def special_logits(rng, tokens: int, experts: int, dtype) -> np.ndarray:
     """Random logits with rows that stress the merge: a NaN, a +inf, all -inf
-    (a degenerate softmax), all equal and many ties (order by expert id)."""
+    (a degenerate softmax), all equal and many ties (order by expert id),
+    and distinct logits whose scores tie: sigmoid saturated at 1, and a
+    softmax (sigmoid, sqrt-softplus) that underflows to 0."""
     x = rng.standard_normal((tokens, experts)).astype(np.float32)
     x[1, experts - 3] = np.nan
     x[2, experts // 2 + 1] = np.inf
@@ -211,6 +217,9 @@ def special_logits(rng, tokens: int, experts: int, dtype) -> np.ndarray:
     x[4] = 1.0
     x[5] = rng.integers(-2, 3, size=experts)
     x[6, :experts // 2] = -np.inf
+    x[7] = 20.0 + rng.permutation(experts) * 0.125
+    x[8] = -110.0 - rng.permutation(experts) * 0.25
+    x[8, experts // 3] = 0.0
     return x.astype(dtype)
 
 
@@ -219,8 +228,8 @@ def special_logits(rng, tokens: int, experts: int, dtype) -> np.ndarray:
 @pytest.mark.parametrize("preset", sorted(routing.PRESETS))
 def test_route_along_sharded_expert_axis(preset, spec, dtype, mesh, rng):
     # Expert-parallel logits: candidates merged (shards x their best per row
-    # gathered, never the logits), except where the softmax normaliser needs
-    # the whole row; bit-identical to one device either way.
+    # gathered, and for a softmax normaliser each device's max logit and exact
+    # partial sum; never the logits); bit-identical to one device.
     experts = 256
     logits = special_logits(rng, 24, experts, np_dtype(dtype))
     bias = rng.standard_normal(experts).astype(np.float32) * 0.1
@@ -230,19 +239,17 @@ def test_route_along_sharded_expert_axis(preset, spec, dtype, mesh, rng):
     assert_same(got, want, f"{preset} {spec} {dtype}")
     shards, local_rows = mesh_size(mesh, spec[-1]), 24 // mesh_size(mesh, spec[0])
     per_row = [int(np.prod(a)) // local_rows for a in all_gathered_arrays(hlo)]
-    candidates = merged_candidates(experts, shards, route)
+    moved = max(merged_candidates(experts, shards, route), normaliser_words(route))
     if shards == 1:
         assert per_row == []
-    elif candidates is None:
-        assert experts in per_row  # the documented strategy: the expert axis gathered
     else:
-        assert per_row and max(per_row) <= shards * candidates < experts, per_row
+        assert per_row and max(per_row) <= shards * moved < experts, per_row
 
 
 def test_route_along_sharded_expert_axis_variants(mesh, rng):
     # A per-token bias (sharded with the logits), groups of one expert, k above
-    # the experts per device, 1-D logits, and the unsplittable cases: groups
-    # straddling devices, a softmax over a bias.
+    # the experts per device, 1-D logits, softmax normalisers read through a
+    # bias or groups, and the unsplittable case: groups straddling devices.
     logits = special_logits(rng, 16, 64, np.float32)
     bias = rng.standard_normal((16, 64)).astype(np.float32)
     cases = {
@@ -254,6 +261,10 @@ def test_route_along_sharded_expert_axis_variants(mesh, rng):
         "1-D logits": lambda a: routing.route(a[0], 5, score="sigmoid", bias=jnp.asarray(bias[0])),
         "groups across devices": lambda a: routing.route(a, 4, score="sigmoid", n_groups=2, top_groups=1),
         "softmax with a bias": lambda a: routing.route(a, 4, bias=jnp.asarray(bias[0]), renormalize=True),
+        "softmax with a per-token bias": lambda a: jax.vmap(
+            lambda row, b: routing.route(row, 6, bias=b, renormalize=False, scale=2.0))(a, jnp.asarray(bias)),
+        "softmax with groups": lambda a: routing.route(a, 5, n_groups=8, top_groups=3, renormalize=False),
+        "softmax, k > experts per device": lambda a: routing.route(a, 12, renormalize=False),
     }
     for what, fn in cases.items():
         got, want, _ = run_sharded(fn, mesh, P(None, ("rows", "cols")), logits)

@@ -2,9 +2,9 @@
 // into float32, score them with the shared IEEE-only math of jax_topk/routing.h
 // (vectorised loops over experts) into selection keys; select with the
 // library's CPU top-k kernel over the keys (by insertion for rows of at most
-// 32 experts); write k weights and ids. Sums are
-// formed in the canonical 32-lane order, so the CUDA kernel's results are the
-// same bits.
+// 32 experts); write k weights and ids. The softmax normaliser is summed
+// exactly (route_math::ExactSum) and renormalisations in the canonical 32-lane
+// order, so the CUDA kernel's results are the same bits.
 
 #include "cpu/routing_cpu.h"
 
@@ -152,8 +152,10 @@ struct Block {
 // Phase 1 for one token: its selection keys (routing.h: scores plus bias when
 // the selection reads them, else the logits), its softmax shift and sum.
 template <DType D>
-JAX_TOPK_FORCE_INLINE void token_keys_body(const void* logits, const float* bias, const RouteConfig& cfg,
-                                           int64_t token, int64_t slot, Block& b) {
+JAX_TOPK_FORCE_INLINE void token_keys_body(const RouteInputs& in, const RouteConfig& cfg, int64_t token,
+                                           int64_t slot, Block& b) {
+  const void* logits = in.logits;
+  const float* bias = in.bias;
   const int32_t experts = cfg.experts;
   float* z = b.z.data();
   float* s = b.s.data();
@@ -161,13 +163,19 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const void* logits, const float* bias
   uint32_t* key = b.key.data() + slot * experts;
   load_logits<D>(logits, token * experts, experts, z);
   const bool softmax = cfg.score == RouteScore::kSoftmax;
-  const float m = softmax ? softmax_shift(z, experts) : 0.0f;
+  const uint32_t* given = cfg.normaliser_parts ? in.normaliser + token * normaliser_words(cfg.normaliser_parts)
+                                               : nullptr;
+  const float m = given ? rm::given_shift(given) : softmax ? softmax_shift(z, experts) : 0.0f;
   b.shift[slot] = m;
   if (cfg.needs_softmax_sum()) {
-    double partial[kRouteLanes] = {};
     for (int32_t i = 0; i < experts; ++i) s[i] = rm::softmax_exp(z[i], m);  // numerators e_i
-    for (int32_t i = 0; i < experts; ++i) partial[i % kRouteLanes] = rm::add(partial[i % kRouteLanes], double(s[i]));
-    b.softmax_sum[slot] = rm::butterfly_sum(partial, rm::butterfly_width(experts));
+    if (given) {
+      b.softmax_sum[slot] = rm::given_normaliser(given, cfg.normaliser_parts);
+    } else {
+      rm::ExactSum sum;
+      for (int32_t i = 0; i < experts; ++i) sum.add(s[i]);
+      b.softmax_sum[slot] = sum.to_double();
+    }
   }
   if (!cfg.selects_by_score()) {
     const bool degenerate = softmax && !(m - m == 0.0f);  // m is NaN or +-inf: every score is NaN
@@ -198,20 +206,19 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const void* logits, const float* bias
 // out-of-line code needs it; both run the same IEEE operations per element
 // (no FMA: AVX2 does not imply it, and contraction is off), so they give the
 // same bits.
-using TokenKeysFn = void (*)(const void*, const float*, const RouteConfig&, int64_t, int64_t, Block&);
+using TokenKeysFn = void (*)(const RouteInputs&, const RouteConfig&, int64_t, int64_t, Block&);
 
 template <DType D>
-void token_keys_baseline(const void* logits, const float* bias, const RouteConfig& cfg, int64_t token, int64_t slot,
-                         Block& b) {
-  token_keys_body<D>(logits, bias, cfg, token, slot, b);
+void token_keys_baseline(const RouteInputs& in, const RouteConfig& cfg, int64_t token, int64_t slot, Block& b) {
+  token_keys_body<D>(in, cfg, token, slot, b);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(JAX_TOPK_ROUTE_NO_AVX2)
 #define JAX_TOPK_ROUTE_AVX2 1
 template <DType D>
-__attribute__((target("avx2"))) void token_keys_avx2(const void* logits, const float* bias, const RouteConfig& cfg,
-                                                     int64_t token, int64_t slot, Block& b) {
-  token_keys_body<D>(logits, bias, cfg, token, slot, b);
+__attribute__((target("avx2"))) void token_keys_avx2(const RouteInputs& in, const RouteConfig& cfg, int64_t token,
+                                                     int64_t slot, Block& b) {
+  token_keys_body<D>(in, cfg, token, slot, b);
 }
 #endif
 
@@ -251,8 +258,8 @@ void token_weights(const void* logits, const RouteConfig& cfg, int64_t token, in
 }
 
 template <DType D>
-void route_all(const void* logits, const float* bias, float* weights, int32_t* ids,
-               const RouteConfig& cfg, TaskRunner& runner) {
+void route_all(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, TaskRunner& runner) {
+  const void* logits = in.logits;
   // Tasks of at most ~64k logits, at least 4 per thread to balance, and at
   // least 16 tokens to amortise scheduling.
   const int64_t balanced = (cfg.tokens + 4 * runner.concurrency() - 1) / (4 * runner.concurrency());
@@ -264,9 +271,9 @@ void route_all(const void* logits, const float* bias, float* weights, int32_t* i
     const int64_t count = std::min(cfg.tokens, begin + per_task) - begin;
     Block b(cfg, count);
     if (cfg.experts <= kSmallRow) {  // too short to gain from wider vectors: no indirect call
-      for (int64_t t = 0; t < count; ++t) token_keys_body<D>(logits, bias, cfg, begin + t, t, b);
+      for (int64_t t = 0; t < count; ++t) token_keys_body<D>(in, cfg, begin + t, t, b);
     } else {
-      for (int64_t t = 0; t < count; ++t) token_keys(logits, bias, cfg, begin + t, t, b);
+      for (int64_t t = 0; t < count; ++t) token_keys(in, cfg, begin + t, t, b);
     }
     if (cfg.experts <= kSmallRow) {  // per-row setup of the top-k kernel would dominate
       for (int64_t t = 0; t < count; ++t) {
@@ -283,14 +290,43 @@ void route_all(const void* logits, const float* bias, float* weights, int32_t* i
   });
 }
 
+template <DType D>
+void partial_sums_all(const void* logits, const float* shift, uint32_t* sums, int64_t tokens, int32_t experts,
+                      TaskRunner& runner) {
+  const int64_t per_task = std::max<int64_t>(16, (int64_t(1) << 16) / experts);
+  runner.run((tokens + per_task - 1) / per_task, [&](int64_t task) {
+    std::vector<float> z(experts);
+    for (int64_t t = task * per_task; t < std::min(tokens, (task + 1) * per_task); ++t) {
+      load_logits<D>(logits, t * experts, experts, z.data());
+      rm::ExactSum sum;
+      for (int32_t i = 0; i < experts; ++i) sum.add(rm::softmax_exp(z[i], shift[t]));
+      sum.to_words(sums + t * kExactSumWords);
+    }
+  });
+}
+
 }  // namespace
 
-bool route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
-                  const RouteConfig& cfg, TaskRunner& runner) {
+bool softmax_partial_sums(DType dtype, const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
+                          int32_t experts, TaskRunner& runner) {
   switch (dtype) {
-#define JAX_TOPK_ROUTE_CASE(name)                                     \
-  case DType::name:                                                   \
-    route_all<DType::name>(logits, bias, weights, ids, cfg, runner);  \
+#define JAX_TOPK_PARTIAL_CASE(name)                                                  \
+  case DType::name:                                                                  \
+    partial_sums_all<DType::name>(logits, shift, sums, tokens, experts, runner);     \
+    return true;
+    JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_PARTIAL_CASE)
+#undef JAX_TOPK_PARTIAL_CASE
+    default:
+      return false;
+  }
+}
+
+bool route_tokens(DType dtype, const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                  TaskRunner& runner) {
+  switch (dtype) {
+#define JAX_TOPK_ROUTE_CASE(name)                            \
+  case DType::name:                                          \
+    route_all<DType::name>(in, weights, ids, cfg, runner);   \
     return true;
     JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_ROUTE_CASE)
 #undef JAX_TOPK_ROUTE_CASE

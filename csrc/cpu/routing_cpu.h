@@ -9,13 +9,20 @@
 
 namespace jax_topk::cpu {
 
-// Routes cfg.tokens tokens of cfg.experts logits each (row-major, dtype
-// float32, bfloat16 or float16): writes weights [tokens, k] (float32) and ids
-// [tokens, k] (int32, best first). `bias` is null without a bias, else
-// cfg.bias_token_stride floats apart per token (0: one shared [experts]).
-// Requires 1 <= k <= experts <= kRouteMaxExperts, k <= kRouteMaxK and valid
-// groups (the FFI layer checks). Returns false for any other dtype.
-bool route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
-                  const RouteConfig& cfg, TaskRunner& runner);
+// Routes cfg.tokens tokens of cfg.experts logits each (row-major, see
+// RouteInputs): writes weights [tokens, k] (float32) and ids [tokens, k]
+// (int32, best first). Requires 1 <= k <= experts <= kRouteMaxExperts,
+// k <= kRouteMaxK, valid groups, and normaliser parts only where
+// cfg.needs_softmax_sum() (the FFI layer checks). Returns false for any
+// other dtype.
+bool route_tokens(DType dtype, const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                  TaskRunner& runner);
+
+// Per token t of `tokens` rows of `experts` logits: the exact sum of
+// exp(z - shift[t]) over the row (route_math::ExactSum, the softmax normaliser
+// a route computes), written as kExactSumWords words to sums + t * kExactSumWords. The
+// partial sums of a row split over devices add up to its normaliser.
+bool softmax_partial_sums(DType dtype, const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
+                          int32_t experts, TaskRunner& runner);
 
 }  // namespace jax_topk::cpu

@@ -3,8 +3,9 @@
 // with the IEEE-only math of jax_topk/routing.h, and the warp picks the k
 // best (a threshold, then a rank of the few candidates). Routes that rank the
 // logits themselves take 4 lanes per token instead (route_by_logits_kernel).
-// Sums run in the canonical order (strided partial sums, xor butterfly) that
-// cpu/routing_cpu.cc emulates, so both produce the same bits.
+// The softmax normaliser is summed exactly (route_math::ExactSum: any order
+// gives the same bits) and renormalisations in the canonical order (xor
+// butterfly) that cpu/routing_cpu.cc emulates, so both produce the same bits.
 
 #include <algorithm>
 
@@ -45,6 +46,20 @@ __device__ __forceinline__ float segment_max_propagating(float v) {
 #pragma unroll
   for (int offset = kWidth / 2; offset > 0; offset /= 2) {
     v = rm::max_propagating(v, warp_shfl_xor(v, offset, kWidth));
+  }
+  return v;
+}
+
+// The exact sum of the segment's lanes' sums (integer limbs: any order is exact).
+template <int kWidth>
+__device__ __forceinline__ rm::ExactSum segment_exact_sum(rm::ExactSum v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    rm::ExactSum other;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) other.limb[i] = warp_shfl_xor(v.limb[i], offset, kWidth);
+    other.nan = warp_shfl_xor(int(v.nan), offset, kWidth) != 0;
+    v.add(other);
   }
   return v;
 }
@@ -278,9 +293,10 @@ __device__ __forceinline__ void select_in_segment(uint64_t cand, float value, in
 // lanes; `active` is false for a segment past the last token (it computes
 // along, for the shuffles, and stores nothing).
 template <DType D, int kSlots, int kWidth>
-__device__ __forceinline__ void route_token(const void* logits, const float* bias, float* weights, int32_t* ids,
+__device__ __forceinline__ void route_token(const RouteInputs& in, float* weights, int32_t* ids,
                                             const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
                                             int lane) {
+  const void* logits = in.logits;
   static_assert(kWidth == kLanes || kSlots == 1, "segments of a warp hold one slot per lane");
   const int experts = cfg.experts;
   const bool softmax = cfg.score == RouteScore::kSoftmax;
@@ -292,8 +308,14 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
     z[s] = (active && e < experts) ? load_logit<D>(logits, token * experts + e) : 0.0f;
   }
 
+  // A normaliser given per token (the route's expert axis split over
+  // devices) replaces the row's shift and sum.
+  const uint32_t* given =
+      cfg.normaliser_parts && active ? in.normaliser + token * normaliser_words(cfg.normaliser_parts) : nullptr;
   float m = 0.0f;
-  if (softmax) {
+  if (softmax && cfg.normaliser_parts) {
+    m = given ? rm::given_shift(given) : 0.0f;
+  } else if (softmax) {
     m = -__int_as_float(0x7F800000);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
@@ -307,18 +329,22 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
   float value[kSlots];
   double softmax_sum = 1.0;
   if (cfg.needs_softmax_sum()) {
-    double partial = 0.0;
+    rm::ExactSum partial;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       value[s] = rm::softmax_exp(z[s], m);
-      if (s * kWidth + lane < experts) partial = rm::add(partial, double(value[s]));
+      if (s * kWidth + lane < experts) partial.add(value[s]);
     }
-    softmax_sum = segment_sum<kWidth>(partial);
+    if (cfg.normaliser_parts) {
+      softmax_sum = given ? rm::given_normaliser(given, cfg.normaliser_parts) : 1.0;
+    } else {
+      softmax_sum = segment_exact_sum<kWidth>(partial).to_double();
+    }
   }
 
   uint64_t cand[kSlots];
   if (cfg.selects_by_score()) {
-    const float* b = bias ? bias + token * cfg.bias_token_stride : nullptr;
+    const float* b = in.bias ? in.bias + token * cfg.bias_token_stride : nullptr;
     uint32_t key[kSlots];
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
@@ -382,8 +408,7 @@ __device__ __forceinline__ void route_token(const void* logits, const float* bia
 
 template <DType D, int kSlots, int kWidth>
 __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
-    route_tokens_kernel(const void* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ weights,
-                        int32_t* __restrict__ ids, RouteConfig cfg) {
+    route_tokens_kernel(RouteInputs in, float* __restrict__ weights, int32_t* __restrict__ ids, RouteConfig cfg) {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   constexpr int kTokensPerWarp = kLanes / kWidth;
   const int lane = threadIdx.x % kWidth;
@@ -395,7 +420,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kTokensPerWarp; first < cfg.tokens;
        first += stride) {
     const int64_t token = first + segment;
-    route_token<D, kSlots, kWidth>(logits, bias, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
+    route_token<D, kSlots, kWidth>(in, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
     if (cfg.n_groups > 0) warp_sync();  // sh.c, sh.key and sh.kept are rewritten by the next token
   }
 }
@@ -575,8 +600,7 @@ unsigned grid_blocks(int64_t tokens, int64_t tokens_per_block, const DeviceLimit
 }
 
 template <DType D, int kSlots, int kWidth = kLanes>
-gpuError_t launch(const void* logits, const float* bias, float* weights, int32_t* ids, const RouteConfig& cfg,
-                   gpuStream_t stream) {
+gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, gpuStream_t stream) {
   DeviceLimits dev;
   gpuError_t err = device_limits(&dev);
   if (err != gpuSuccess) return err;
@@ -592,7 +616,7 @@ gpuError_t launch(const void* logits, const float* bias, float* weights, int32_t
   }
   const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kWidth), dev);
   route_tokens_kernel<D, kSlots, kWidth>
-      <<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(logits, bias, weights, ids, cfg);
+      <<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(in, weights, ids, cfg);
   return gpuGetLastError();
 }
 
@@ -611,42 +635,85 @@ gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, co
 // Otherwise slots per lane: the smallest of these holding experts / 32. Up to
 // 16 experts without groups: several tokens per warp, one lane per expert.
 template <DType D>
-gpuError_t launch_for_experts(const void* logits, const float* bias, float* weights, int32_t* ids,
-                               const RouteConfig& cfg, gpuStream_t stream) {
+gpuError_t launch_for_experts(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                               gpuStream_t stream) {
   if (routes_by_logits_in_lanes(cfg)) {
-    if (cfg.k <= 4) return launch_by_logits<D, 4>(logits, weights, ids, cfg, stream);
-    if (cfg.k <= 8) return launch_by_logits<D, 8>(logits, weights, ids, cfg, stream);
-    return launch_by_logits<D, 16>(logits, weights, ids, cfg, stream);
+    if (cfg.k <= 4) return launch_by_logits<D, 4>(in.logits, weights, ids, cfg, stream);
+    if (cfg.k <= 8) return launch_by_logits<D, 8>(in.logits, weights, ids, cfg, stream);
+    return launch_by_logits<D, 16>(in.logits, weights, ids, cfg, stream);
   }
-  if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(logits, bias, weights, ids, cfg, stream);
-  if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(logits, bias, weights, ids, cfg, stream);
-  if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(logits, bias, weights, ids, cfg, stream);
+  if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(in, weights, ids, cfg, stream);
+  if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(in, weights, ids, cfg, stream);
+  if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(in, weights, ids, cfg, stream);
   const int slots = (cfg.experts + kLanes - 1) / kLanes;
-  if (slots <= 1) return launch<D, 1>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 2) return launch<D, 2>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 4) return launch<D, 4>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 8) return launch<D, 8>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 12) return launch<D, 12>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 16) return launch<D, 16>(logits, bias, weights, ids, cfg, stream);
-  if (slots <= 24) return launch<D, 24>(logits, bias, weights, ids, cfg, stream);
+  if (slots <= 1) return launch<D, 1>(in, weights, ids, cfg, stream);
+  if (slots <= 2) return launch<D, 2>(in, weights, ids, cfg, stream);
+  if (slots <= 4) return launch<D, 4>(in, weights, ids, cfg, stream);
+  if (slots <= 8) return launch<D, 8>(in, weights, ids, cfg, stream);
+  if (slots <= 12) return launch<D, 12>(in, weights, ids, cfg, stream);
+  if (slots <= 16) return launch<D, 16>(in, weights, ids, cfg, stream);
+  if (slots <= 24) return launch<D, 24>(in, weights, ids, cfg, stream);
   static_assert(kRouteMaxExperts == 32 * kLanes, "the largest variant holds kRouteMaxExperts");
-  return launch<D, 32>(logits, bias, weights, ids, cfg, stream);
+  return launch<D, 32>(in, weights, ids, cfg, stream);
+}
+
+// Per token (a warp each): the exact sum of exp(z - shift) over its row, as
+// kExactSumWords words.
+template <DType D>
+__global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
+    softmax_partial_sums_kernel(const void* __restrict__ logits, const float* __restrict__ shift,
+                                uint32_t* __restrict__ sums, int64_t tokens, int32_t experts) {
+  const int lane = threadIdx.x % kLanes;
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
+  for (int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kLanes; token < tokens; token += stride) {
+    const float m = shift[token];
+    rm::ExactSum sum;
+    for (int e = lane; e < experts; e += kLanes) sum.add(rm::softmax_exp(load_logit<D>(logits, token * experts + e), m));
+    sum = segment_exact_sum<kLanes>(sum);
+    if (lane == 0) sum.to_words(sums + token * kExactSumWords);
+  }
+}
+
+template <DType D>
+gpuError_t launch_partial_sums(const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
+                               int32_t experts, gpuStream_t stream) {
+  DeviceLimits dev;
+  gpuError_t err = device_limits(&dev);
+  if (err != gpuSuccess) return err;
+  const unsigned blocks = grid_blocks(tokens, kWarpsPerBlock, dev);
+  softmax_partial_sums_kernel<D><<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(logits, shift, sums, tokens, experts);
+  return gpuGetLastError();
 }
 
 }  // namespace
 
-gpuError_t route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
-                         const RouteConfig& cfg, gpuStream_t stream) {
+gpuError_t route_tokens(DType dtype, const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                         gpuStream_t stream) {
   if (cfg.tokens == 0) return gpuSuccess;
-  if (cfg.experts < 1 || cfg.experts > kRouteMaxExperts || cfg.k < 1 || cfg.k > cfg.experts || cfg.k > kRouteMaxK) {
+  if (cfg.experts < 1 || cfg.experts > kRouteMaxExperts || cfg.k < 1 || cfg.k > cfg.experts || cfg.k > kRouteMaxK ||
+      (cfg.normaliser_parts && !cfg.needs_softmax_sum())) {
     return gpuErrorInvalidValue;
   }
   switch (dtype) {
 #define JAX_TOPK_ROUTE_CASE(name) \
   case DType::name:               \
-    return launch_for_experts<DType::name>(logits, bias, weights, ids, cfg, stream);
+    return launch_for_experts<DType::name>(in, weights, ids, cfg, stream);
     JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_ROUTE_CASE)
 #undef JAX_TOPK_ROUTE_CASE
+    default:
+      return gpuErrorInvalidValue;
+  }
+}
+
+gpuError_t softmax_partial_sums(DType dtype, const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
+                                int32_t experts, gpuStream_t stream) {
+  if (tokens == 0) return gpuSuccess;
+  switch (dtype) {
+#define JAX_TOPK_PARTIAL_CASE(name) \
+  case DType::name:                 \
+    return launch_partial_sums<DType::name>(logits, shift, sums, tokens, experts, stream);
+    JAX_TOPK_FOR_EACH_ROUTE_DTYPE(JAX_TOPK_PARTIAL_CASE)
+#undef JAX_TOPK_PARTIAL_CASE
     default:
       return gpuErrorInvalidValue;
   }

@@ -10,10 +10,13 @@
 
 namespace jax_topk::cuda {
 
-// The CUDA twin of cpu::route_tokens (cpu/routing_cpu.h): same arguments,
-// device pointers, same results bit for bit. Enqueues on `stream`; returns
-// the launch status (gpuErrorInvalidValue for an unsupported dtype).
-gpuError_t route_tokens(DType dtype, const void* logits, const float* bias, float* weights, int32_t* ids,
-                         const RouteConfig& cfg, gpuStream_t stream);
+// The CUDA twins of cpu::route_tokens and cpu::softmax_partial_sums
+// (cpu/routing_cpu.h): same arguments, device pointers, same results bit for
+// bit. Enqueue on `stream`; return the launch status (gpuErrorInvalidValue
+// for an unsupported dtype).
+gpuError_t route_tokens(DType dtype, const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                         gpuStream_t stream);
+gpuError_t softmax_partial_sums(DType dtype, const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
+                                int32_t experts, gpuStream_t stream);
 
 }  // namespace jax_topk::cuda

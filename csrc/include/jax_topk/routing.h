@@ -46,9 +46,16 @@ enum class RouteScore : int32_t { kSoftmax = 0, kSigmoid = 1, kSqrtSoftplus = 2 
 // pure-JAX composition; the Python side reads these from build_info().
 inline constexpr int32_t kRouteMaxExperts = 1024;
 inline constexpr int32_t kRouteMaxK = 32;
-// The canonical reduction width: sums are formed as 32 strided partial sums
-// combined by an xor butterfly, the order a warp computes them in.
+// The canonical reduction width of a renormalisation: the k chosen scores
+// (lane j holding the j-th) combined by a 32-lane xor butterfly, the order a
+// warp computes them in. (The softmax normaliser is summed exactly: ExactSum.)
 inline constexpr int32_t kRouteLanes = 32;
+
+// A softmax normaliser given per token instead of computed from the row (a
+// route over an expert axis split across devices): the shift (the row's max
+// logit, as float bits) and `parts` partial sums (ExactSum words below).
+inline constexpr int32_t kExactSumWords = 6;
+JAX_TOPK_HOST_DEVICE constexpr int32_t normaliser_words(int32_t parts) { return 1 + kExactSumWords * parts; }
 
 struct RouteConfig {
   int64_t tokens = 0;
@@ -63,6 +70,10 @@ struct RouteConfig {
   int32_t top_groups = 0;
   bool renormalize = false;
   float scale = 1.0f;
+  // 0: the softmax shift and normaliser come from the row; P > 0: from the
+  // normaliser operand, normaliser_words(P) uint32 per token (only where
+  // needs_softmax_sum()).
+  int32_t normaliser_parts = 0;
 
   // The selection reads the float32 scores (else it ranks the logits).
   JAX_TOPK_HOST_DEVICE bool selects_by_score() const { return has_bias || n_groups > 0; }
@@ -72,6 +83,17 @@ struct RouteConfig {
   JAX_TOPK_HOST_DEVICE bool needs_softmax_sum() const {
     return score == RouteScore::kSoftmax && (selects_by_score() || !renormalize);
   }
+};
+
+// A route's operands (device pointers for the CUDA kernels): the logits
+// [tokens, experts] (float32, bfloat16 or float16); the bias, null without
+// one, else RouteConfig::bias_token_stride floats apart per token; the
+// normaliser words [tokens, normaliser_words(cfg.normaliser_parts)], null
+// when the parts are 0.
+struct RouteInputs {
+  const void* logits = nullptr;
+  const float* bias = nullptr;
+  const uint32_t* normaliser = nullptr;
 };
 
 namespace route_math {
@@ -107,6 +129,16 @@ JAX_TOPK_HOST_DEVICE inline int32_t float_to_bits(float f) {
   int32_t i;
   std::memcpy(&i, &f, sizeof i);
   return i;
+}
+#endif
+
+#if defined(JAX_TOPK_DEVICE_PASS)
+JAX_TOPK_DEVICE JAX_TOPK_FORCE_INLINE double bits_to_double(uint64_t i) { return __longlong_as_double(int64_t(i)); }
+#else
+JAX_TOPK_HOST_DEVICE inline double bits_to_double(uint64_t i) {
+  double d;
+  std::memcpy(&d, &i, sizeof d);
+  return d;
 }
 #endif
 
@@ -234,6 +266,128 @@ JAX_TOPK_HOST_DEVICE inline int butterfly_width(int n) {
   int width = 1;
   while (width < n && width < kRouteLanes) width *= 2;
   return width;
+}
+
+// The softmax normaliser summed exactly. Every term exp(z - max) is a float32
+// in [0, 1] (or NaN): an integer multiple of 2^-149 below 2^150. The sum is
+// kept as that integer (three 64-bit limbs, room for 2^40 terms of up to 2)
+// and rounded to double once, to nearest even. Integer addition is
+// associative, so the result does not depend on the order of the additions:
+// a warp adds its lanes in any order, the CPU adds experts in turn, and a row
+// whose experts are split over devices adds the devices' partial sums, all
+// with the same bits (DESIGN section 5; the rounded sum is also the most
+// accurate double there is). A NaN term makes the sum NaN.
+struct ExactSum {
+  uint64_t limb[3] = {0, 0, 0};  // least significant first, in units of 2^-149
+  bool nan = false;
+
+  // Adds a term in [0, 2) (the magnitude of e is taken; an infinity or NaN
+  // makes the sum NaN).
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void add(float e) {
+    const uint32_t bits = uint32_t(float_to_bits(e)) & 0x7FFFFFFFu;
+    const uint32_t exponent = bits >> 23;
+    nan |= exponent == 0xFFu;
+    // value = mantissa * 2^(exponent - 150) = (mantissa << shift) * 2^-149;
+    // a subnormal is its mantissa bits times 2^-149.
+    const uint64_t mantissa = exponent ? (bits & 0x7FFFFFu) | 0x800000u : bits;
+    uint32_t shift = exponent ? exponent - 1 : 0;
+    shift = shift > 127 ? 127 : shift;  // only above 2 (or NaN): keeps the limb index in range
+    const uint32_t r = shift & 63u;
+    const uint64_t low = mantissa << r;
+    const uint64_t high = r ? mantissa >> (64 - r) : 0;
+    const bool upper = shift >= 64;
+    add_limbs(upper ? 0 : low, upper ? low : high, upper ? high : 0);
+  }
+
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void add(const ExactSum& other) {
+    add_limbs(other.limb[0], other.limb[1], other.limb[2]);
+    nan |= other.nan;
+  }
+
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void add_limbs(uint64_t a0, uint64_t a1, uint64_t a2) {
+    const uint64_t s0 = limb[0] + a0;
+    const uint64_t carry0 = s0 < a0;
+    const uint64_t t1 = limb[1] + a1;
+    const uint64_t s1 = t1 + carry0;
+    const uint64_t carry1 = uint64_t(t1 < a1) | uint64_t(s1 < t1);
+    limb[0] = s0;
+    limb[1] = s1;
+    limb[2] = limb[2] + a2 + carry1;
+  }
+
+  // The sum rounded to the nearest double (ties to even).
+  JAX_TOPK_HOST_DEVICE inline double to_double() const {
+    if (nan) return bits_to_double(0x7FF8000000000000ull);
+    const int top = limb[2] ? 128 + highest_bit(limb[2]) : limb[1] ? 64 + highest_bit(limb[1])
+                                                                  : limb[0] ? highest_bit(limb[0]) : -1;
+    if (top < 53) return mul(double(limb[0]), power_of_two(-149));  // exact (0 included)
+    const int low = top - 52;  // the lowest of the 53 bits kept
+    uint64_t mantissa = bits_from(low) & ((uint64_t(1) << 53) - 1);
+    const bool half = (bits_from(low - 1) & 1u) != 0;
+    const bool sticky = below(low - 1);
+    mantissa += uint64_t(half && (sticky || (mantissa & 1u)));  // 2^53 when it carries: still exact
+    return mul(double(mantissa), power_of_two(low - 149));
+  }
+
+  // As kExactSumWords 32-bit words (the NaN flag in the top bit, which no
+  // sum of fewer than 2^40 terms reaches), and back.
+  JAX_TOPK_HOST_DEVICE inline void to_words(uint32_t* out) const {
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t l = i == 2 && nan ? limb[i] | (uint64_t(1) << 63) : limb[i];
+      out[2 * i] = uint32_t(l);
+      out[2 * i + 1] = uint32_t(l >> 32);
+    }
+  }
+  JAX_TOPK_HOST_DEVICE static inline ExactSum from_words(const uint32_t* in) {
+    ExactSum s;
+    for (int i = 0; i < 3; ++i) s.limb[i] = uint64_t(in[2 * i]) | (uint64_t(in[2 * i + 1]) << 32);
+    s.nan = (s.limb[2] >> 63) != 0;
+    s.limb[2] &= ~(uint64_t(1) << 63);
+    return s;
+  }
+
+ private:
+  // Index of the highest set bit of v != 0 (no intrinsics: runs once per token).
+  JAX_TOPK_HOST_DEVICE static inline int highest_bit(uint64_t v) {
+    int bit = 0;
+    for (int step = 32; step > 0; step /= 2) {
+      const bool above = (v >> step) != 0;
+      bit += above ? step : 0;
+      v = above ? v >> step : v;
+    }
+    return bit;
+  }
+  JAX_TOPK_HOST_DEVICE inline uint64_t limb_at(int i) const {
+    return i == 0 ? limb[0] : i == 1 ? limb[1] : i == 2 ? limb[2] : 0;
+  }
+  // The 64 bits of the sum starting at bit p >= 0.
+  JAX_TOPK_HOST_DEVICE inline uint64_t bits_from(int p) const {
+    const int q = p >> 6, r = p & 63;
+    return (limb_at(q) >> r) | (r ? limb_at(q + 1) << (64 - r) : 0);
+  }
+  // Whether any bit below bit p is set.
+  JAX_TOPK_HOST_DEVICE inline bool below(int p) const {
+    bool any = false;
+    for (int i = 0; i < 3; ++i) {
+      const int bits = p - 64 * i;  // how many of this limb's bits lie below p
+      const uint64_t mask = bits >= 64 ? ~uint64_t(0) : bits <= 0 ? 0 : (uint64_t(1) << bits) - 1;
+      any |= (limb[i] & mask) != 0;
+    }
+    return any;
+  }
+  JAX_TOPK_HOST_DEVICE static inline double power_of_two(int p) {  // -1022 <= p <= 1023
+    return bits_to_double(uint64_t(p + 1023) << 52);
+  }
+};
+
+// A token's softmax shift and normaliser from its normaliser words
+// (RouteConfig::normaliser_parts): the shift's float bits, then the partial
+// sums, added exactly.
+JAX_TOPK_HOST_DEVICE inline float given_shift(const uint32_t* words) { return bits_to_float(int32_t(words[0])); }
+JAX_TOPK_HOST_DEVICE inline double given_normaliser(const uint32_t* words, int32_t parts) {
+  ExactSum sum;
+  for (int32_t p = 0; p < parts; ++p) sum.add(ExactSum::from_words(words + normaliser_words(p)));
+  return sum.to_double();
 }
 
 // A weight from its score: numerator / denominator * scale in float32, the
