@@ -1,12 +1,14 @@
 """Row-sharded and axis-sharded top_k and routing over the local GPUs against one GPU.
 
-Usage: python benchmarks/sharded.py [--out DIR] [--devices N] [--repeats R]
+Usage: python benchmarks/sharded.py [--out DIR] [--devices N] [--repeats R] [--copies C]
 
 Each case runs as one jitted call on GPU 0, then with its input sharded over
 N GPUs (rows, or the last axis: local top-k / local candidates, all-gather of
 the candidates, merge). Results must equal the one-GPU results bit for bit.
-Times are the host wall clock per call (median of R calls, each waited for):
-several devices have no single device clock. Writes <gpu>-x<N>-sharded.json.
+Times are the host wall clock per call: one executable applies the op to C
+copies of the input, median of R of its calls divided by C (several devices
+have no single device clock; a lone call's dispatch made single-call medians
+swing by 2x between runs). Writes <gpu>-x<N>-sharded.json.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def make_op(op: str, n: int, k):
     return (lambda a: preset(a, bias)) if preset.uses_bias else preset
 
 
-def wall_us(op, x, repeats: int) -> float:
-    """Host wall clock of one jitted call of ``op`` on ``x`` (_bench.measure)."""
-    return _bench.measure(op, [x], repeats, device_clock=False).wall_seconds * 1e6
+def wall_us(op, x, repeats: int, copies: int) -> float:
+    """Host wall clock per application of ``op`` to ``x``, ``copies`` of them
+    per jitted call (_bench.measure)."""
+    return _bench.measure(op, [x] * copies, repeats, device_clock=False).wall_seconds * 1e6
 
 
 def main() -> None:
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--devices", type=int, default=len(jax.devices()))
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--copies", type=int, default=8)
     args = parser.parse_args()
     devices = jax.devices()[: args.devices]
     if len(devices) < 2:
@@ -72,21 +76,22 @@ def main() -> None:
         got = single(xs)
         same = all(np.array_equal(np.asarray(g).view(np.uint32), np.asarray(w).view(np.uint32))
                    for g, w in zip(got, want))
-        t1 = wall_us(op, x1, args.repeats)
-        tn = wall_us(op, xs, args.repeats)
+        t1 = wall_us(op, x1, args.repeats, args.copies)
+        tn = wall_us(op, xs, args.repeats, args.copies)
         row = dict(op=op_name, rows=rows, n=n, k=k, sharded=how, one_gpu_us=t1, sharded_us=tn,
                    speedup=t1 / tn, bit_identical=bool(same))
         note = ""
         if how == "axis":  # the alternative to the candidate merge: gather the axis first
             whole = NamedSharding(mesh, P(None, None))
             gather_first = lambda a, op=op: op(jax.lax.with_sharding_constraint(a, whole))  # noqa: E731
-            row["gather_first_us"] = wall_us(gather_first, xs, args.repeats)
+            row["gather_first_us"] = wall_us(gather_first, xs, args.repeats, args.copies)
             note = f", gathering the axis first {row['gather_first_us']:.1f} us"
         rows_out.append(row)
         print(f"{op_name} {rows}x{n} {k} sharded by {how}: 1 GPU {t1:.1f} us, {len(devices)} GPUs {tn:.1f} us "
               f"({t1 / tn:.2f}x){note}, identical={same}", flush=True)
     result = dict(device=_bench.device_name(), devices=len(devices), jax=jax.__version__,
-                  clock="host wall clock per call (median)", repeats=args.repeats, rows=rows_out)
+                  clock=f"host wall clock per call ({args.copies} calls per executable, median)",
+                  repeats=args.repeats, copies=args.copies, rows=rows_out)
     path = _bench.write_result(result, args.out, f"-x{len(devices)}-sharded") + ".json"
     print("wrote", path)
     if not all(r["bit_identical"] for r in rows_out):

@@ -150,7 +150,7 @@ def indexer_top_k(q: jax.Array, keys: jax.Array, weights: jax.Array, k: int, *,
     computed alone, in any batch, or padded to any ``N``. The order is that of
     ``csrc/include/jax_topk/indexer.h`` on the CPU and, on CUDA, for float32
     inputs or shapes without tensor-core tiles (then GPU == CPU bit for bit);
-    bfloat16 inputs with ``H`` a multiple of 16 and ``D`` in 16, 32, 64, 128 take tensor cores on
+    bfloat16 inputs with ``H`` a multiple of 16 up to 128 and ``D`` in 16, 32, 64, 128 take tensor cores on
     CUDA (float32 accumulation in a fixed order, the hardware's rounding:
     batch-invariant, within float32 rounding of the CPU). Elsewhere the
     pure-JAX composition runs (XLA's dot), which agrees to float32 rounding

@@ -2,14 +2,19 @@
 // float32 scratch, then the top-k kernels over each row's first length keys.
 //
 // Two score kernels; which one runs depends on (dtype, heads, dim) only:
-// - indexer_scores_mma_kernel (bfloat16, heads and dim multiples of 16): a
-//   block takes one item's queries into shared memory once and scores a
-//   chunk of its keys, 128 at a time (the next 128 prefetched into registers
-//   meanwhile); each warp forms [64 heads x 16 keys] dots on tensor cores
-//   (WMMA 16x16x16, float32 accumulators, dim in steps of 16 in increasing
-//   order), then one lane per key adds those heads to its score, group after
-//   group: heads in order. The MMA's rounding is the hardware's, the same
-//   for every call. (bfloat16, heads a multiple of 16, dim 16, 32, 64 or 128.)
+// - indexer_scores_mma_kernel (bfloat16, heads a multiple of 16 up to 128,
+//   dim 16, 32, 64 or 128): a block takes one item's queries and scores 512
+//   of its keys, 64 at a time, double-buffered in shared memory by cp.async.
+//   Warp w holds heads 16w..16w+15 as mma.sync A fragments in registers for
+//   the whole block and forms their dots with 64 keys on tensor cores
+//   (m16n8k16, float32 accumulators, dim in steps of 16 in increasing order).
+//   Each thread then has two heads (g, g + 8) of two keys: it adds
+//   w[g] relu(dot_g) + w[g+8] relu(dot_g+8), the 8 lanes of a key combine
+//   theirs by an xor butterfly (lane bits 4, 8, 16), and one thread per key
+//   adds the warps' sums in warp order. Every step of that order is fixed
+//   and the MMA's rounding is the hardware's: a key's score depends on its
+//   item's q, weights and its own key only (batch-invariant), not bit-equal
+//   to the CPU's order.
 // - indexer_scores_exact_kernel (any shape, float32 or bfloat16): one thread
 //   per key, the order of indexer.h with explicitly rounded products and sums
 //   (no FMA contraction): bit-identical to the CPU kernel.
@@ -22,141 +27,190 @@
 #include "cuda/topk_cuda.h"
 #include "jax_topk/indexer.h"
 
-#if defined(JAX_TOPK_HAS_WMMA)  // CUDA only: HIP takes the exact kernel
-#include <cuda_bf16.h>
-#include <mma.h>
-#endif
-
 namespace jax_topk::cuda {
 namespace {
 
-constexpr int kMmaTile = 16;          // WMMA m = n = k
-constexpr int kMmaWarps = 8;          // 16 keys each
-constexpr int kMmaThreads = kMmaWarps * 32;
-constexpr int kMmaKeysPerStep = kMmaWarps * kMmaTile;
-constexpr int kMmaStepsPerBlock = 4;  // 512 keys per block: the queries are loaded once per 512 keys
-constexpr int kMmaHeadTiles = 4;      // heads in groups of 64: one accumulator per 16
+constexpr int kMmaHeadTile = 16;        // heads per warp: the m of m16n8k16
+constexpr int kMmaMaxWarps = 8;         // heads <= 128
+constexpr int kMmaStepKeys = 64;        // keys per step: 8 n-tiles of 8
+constexpr int kMmaStepsPerBlock = 8;    // 512 keys per block: the queries are loaded once per 512 keys
 constexpr int kMmaMaxDim = 128;
-// Shared-memory rows of q and keys are padded by 16 bytes: with rows of
-// 256 bytes (dim 128) the 8 rows an 8x8 fragment load reads would share
-// their banks (ncu: 18.7M bank conflicts in 244 us); padded, none do.
+// Shared-memory rows of q and keys are padded by 16 bytes: the 8 rows an
+// ldmatrix reads then start in 8 different bank quads (rows of 256 bytes
+// would all start in bank 0).
 constexpr int kMmaRowPad = 8;
-// 16-byte vectors of one step's keys a thread keeps in flight (prefetched
-// into registers while the previous step computes).
-constexpr int kMmaMaxVecsPerThread = kMmaKeysPerStep * kMmaMaxDim * 2 / 16 / kMmaThreads;
 constexpr int kExactThreads = 128;
 
+#if defined(JAX_TOPK_HAS_MMA)
 // Dynamic shared memory of the MMA kernel: the item's queries [heads][dim +
-// pad] and one step's keys [128][dim + pad] (bfloat16), each warp's dots of
-// one group of heads [64][16] (float32) and the weights.
+// pad] and two steps of keys [2][64][dim + pad] (bfloat16), each warp's key
+// sums [warps][64] and the weights (float32).
 size_t mma_smem_bytes(int64_t heads, int64_t dim) {
-  return size_t((heads + kMmaKeysPerStep) * (dim + kMmaRowPad)) * 2 +
-         size_t(kMmaWarps * kMmaHeadTiles * kMmaTile * kMmaTile + heads) * 4;
+  return size_t((heads + 2 * kMmaStepKeys) * (dim + kMmaRowPad)) * 2 +
+         size_t(heads / kMmaHeadTile * kMmaStepKeys + heads) * 4;
 }
 
-#if defined(JAX_TOPK_HAS_WMMA)
-// One step's keys [128][dim] from global memory into registers (zeros past
-// `valid` keys), then into shared memory rows of `stride` elements.
-struct KeyStep {
-  uint4 v[kMmaMaxVecsPerThread];
-  // vecs_per_key = 1 << vec_shift (dim a power of two: no divisions).
-  __device__ __forceinline__ void load(const __nv_bfloat16* src, int vec_shift, int valid_keys) {
-#pragma unroll
-    for (int j = 0; j < kMmaMaxVecsPerThread; ++j) {
-      const int i = j * kMmaThreads + int(threadIdx.x);
-      const bool in = i < (kMmaKeysPerStep << vec_shift) && (i >> vec_shift) < valid_keys;
-      v[j] = in ? __ldg(reinterpret_cast<const uint4*>(src) + i) : make_uint4(0, 0, 0, 0);
-    }
-  }
-  __device__ __forceinline__ void store(__nv_bfloat16* dst, int vec_shift, int stride) const {
-#pragma unroll
-    for (int j = 0; j < kMmaMaxVecsPerThread; ++j) {
-      const int i = j * kMmaThreads + int(threadIdx.x);
-      if (i < (kMmaKeysPerStep << vec_shift)) {
-        *reinterpret_cast<uint4*>(dst + (i >> vec_shift) * stride + (i & ((1 << vec_shift) - 1)) * 8) = v[j];
-      }
-    }
-  }
-};
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
 
-__global__ void __launch_bounds__(kMmaThreads)
-    indexer_scores_mma_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ keys,
+// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i+7
+// give the row addresses of matrix i; register i holds matrix i's fragment.
+__device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+
+// d += a (16x16, row-major) * b (16x8, column-major), bfloat16 in, float32 out.
+__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers; zeros when !valid (no read).
+__device__ __forceinline__ void copy_async_16(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+template <int kDim>
+__global__ void __launch_bounds__(kMmaMaxWarps * 32)
+    indexer_scores_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
                               const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
-                              int64_t n, int dim, float* __restrict__ scores) {
-  using namespace nvcuda;
-  using Acc = wmma::fragment<wmma::accumulator, kMmaTile, kMmaTile, kMmaTile, float>;
+                              int64_t n, float* __restrict__ scores) {
+  constexpr int kStride = kDim + kMmaRowPad;  // elements per shared row
+  constexpr int kVecs = kDim / 8;             // 16-byte vectors per row
+  constexpr int kSteps = kDim / 16;           // MMA k-steps over dim
   extern __shared__ uint4 indexer_smem[];
-  const int stride = dim + kMmaRowPad;
-  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(indexer_smem);
-  __nv_bfloat16* keys_s = q_s + heads * stride;
-  float* dots_s = reinterpret_cast<float*>(keys_s + kMmaKeysPerStep * stride);
-  float* w_s = dots_s + kMmaWarps * kMmaHeadTiles * kMmaTile * kMmaTile;
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(indexer_smem);
+  uint16_t* keys_s = q_s + heads * kStride;
+  const int warps = heads / kMmaHeadTile;
+  float* sums_s = reinterpret_cast<float*>(keys_s + 2 * kMmaStepKeys * kStride);
+  float* w_s = sums_s + warps * kMmaStepKeys;
+  const int threads = warps * 32;
   const int64_t b = blockIdx.y;
   const int64_t len = min(max(int64_t(__ldg(lengths + b)), int64_t(0)), n);
-  const int64_t first = int64_t(blockIdx.x) * kMmaKeysPerStep * kMmaStepsPerBlock;
+  const int64_t first = int64_t(blockIdx.x) * kMmaStepKeys * kMmaStepsPerBlock;
   if (first >= len) return;  // uniform: keys past the length are never read
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int vec_shift = __ffs(dim * 2 / 16) - 1;  // 16-byte vectors per key: a power of two
-  const __nv_bfloat16* keys_b = keys + b * n * dim;
-  auto valid_keys = [&](int64_t s0) { return int(min(int64_t(kMmaKeysPerStep), max(len - s0, int64_t(0)))); };
-  KeyStep next;
-  next.load(keys_b + first * dim, vec_shift, valid_keys(first));
-  const uint4* q_src = reinterpret_cast<const uint4*>(q + b * heads * dim);
-  for (int i = int(threadIdx.x); i < (heads << vec_shift); i += kMmaThreads) {
-    *reinterpret_cast<uint4*>(q_s + (i >> vec_shift) * stride + (i & ((1 << vec_shift) - 1)) * 8) = __ldg(q_src + i);
-  }
-  for (int h = int(threadIdx.x); h < heads; h += kMmaThreads) w_s[h] = weights[b * heads + h];
-  float* dots = dots_s + warp * kMmaHeadTiles * kMmaTile * kMmaTile;
-  const __nv_bfloat16* my_keys = keys_s + warp * kMmaTile * stride;
-  for (int step = 0; step < kMmaStepsPerBlock; ++step) {
-    const int64_t s0 = first + int64_t(step) * kMmaKeysPerStep;
-    if (s0 >= len) break;  // uniform
-    __syncthreads();  // the previous step's keys are no longer read
-    next.store(keys_s, vec_shift, stride);
-    __syncthreads();
-    const int64_t s1 = s0 + kMmaKeysPerStep;
-    if (step + 1 < kMmaStepsPerBlock && s1 < len) next.load(keys_b + s1 * dim, vec_shift, valid_keys(s1));
-    // Per group of 64 heads: the dots [64 heads x this warp's 16 keys] on
-    // tensor cores (each key fragment loaded once per 16 of dim), then lane
-    // j < 16 adds the group's heads to key j's score, in head order.
-    float score = 0.0f;
-    for (int g0 = 0; g0 < heads; g0 += kMmaHeadTiles * kMmaTile) {
-      const int tiles = min(kMmaHeadTiles, (heads - g0) / kMmaTile);
-      Acc acc[kMmaHeadTiles];
-#pragma unroll
-      for (int t = 0; t < kMmaHeadTiles; ++t) wmma::fill_fragment(acc[t], 0.0f);
-      for (int d0 = 0; d0 < dim; d0 += kMmaTile) {
-        wmma::fragment<wmma::matrix_b, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::col_major> kb;
-        wmma::load_matrix_sync(kb, my_keys + d0, stride);
-#pragma unroll
-        for (int t = 0; t < kMmaHeadTiles; ++t) {
-          if (t < tiles) {
-            wmma::fragment<wmma::matrix_a, kMmaTile, kMmaTile, kMmaTile, __nv_bfloat16, wmma::row_major> a;
-            wmma::load_matrix_sync(a, q_s + (g0 + t * kMmaTile) * stride + d0, stride);
-            wmma::mma_sync(acc[t], a, kb, acc[t]);
-          }
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < kMmaHeadTiles; ++t) {
-        if (t < tiles) wmma::store_matrix_sync(dots + t * kMmaTile * kMmaTile, acc[t], kMmaTile, wmma::mem_row_major);
-      }
-      warp_sync();
-      if (lane < kMmaTile) {
-        const int count = tiles * kMmaTile;
-#pragma unroll 16
-        for (int h = 0; h < count; ++h) {
-          score = __fadd_rn(score, __fmul_rn(w_s[g0 + h], indexer_relu(dots[h * kMmaTile + lane])));
-        }
-      }
-      warp_sync();  // dots are rewritten by the next group
+  const int steps = int(min(int64_t(kMmaStepsPerBlock), (len - first + kMmaStepKeys - 1) / kMmaStepKeys));
+  const uint16_t* keys_b = keys + b * n * kDim;
+
+  auto load_step = [&](int step) {  // the step's 64 keys (zeros past the length) into buffer step % 2
+    const int64_t s0 = first + int64_t(step) * kMmaStepKeys;
+    uint16_t* dst = keys_s + (step & 1) * kMmaStepKeys * kStride;
+    for (int i = int(threadIdx.x); i < kMmaStepKeys * kVecs; i += threads) {
+      const int key = i / kVecs, vec = i % kVecs;
+      const bool valid = s0 + key < len;
+      copy_async_16(shared_address(dst + key * kStride + vec * 8), keys_b + (valid ? s0 + key : 0) * kDim + vec * 8,
+                    valid);
     }
-    const int64_t s = s0 + warp * kMmaTile + lane;
-    if (lane < kMmaTile && s < len) scores[b * n + s] = score;
+    copy_async_commit();
+  };
+  load_step(0);
+  const uint4* q_src = reinterpret_cast<const uint4*>(q + b * heads * kDim);
+  for (int i = int(threadIdx.x); i < heads * kVecs; i += threads) {
+    *reinterpret_cast<uint4*>(q_s + (i / kVecs) * kStride + (i % kVecs) * 8) = __ldg(q_src + i);
+  }
+  for (int h = int(threadIdx.x); h < heads; h += threads) w_s[h] = __ldg(weights + b * heads + h);
+  __syncthreads();
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  // This warp's 16 heads over all of dim, as A fragments (matrices: rows
+  // 0-7 / 8-15 by lane bit 3, dims 0-7 / 8-15 by lane bit 4).
+  uint32_t a[kSteps][4];
+  const uint16_t* a_row = q_s + (warp * kMmaHeadTile + ((lane >> 3) & 1) * 8 + (lane & 7)) * kStride + (lane >> 4) * 8;
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) load_matrices_x4(a[ks], shared_address(a_row + ks * 16));
+  // Accumulator rows: heads g and g + 8 of the warp's tile; columns: keys 2c, 2c + 1 of each n-tile.
+  const int g = lane >> 2, c = lane & 3;
+  const float w_low = w_s[warp * kMmaHeadTile + g], w_high = w_s[warp * kMmaHeadTile + g + 8];
+
+  for (int step = 0; step < steps; ++step) {
+    if (step + 1 < steps) {  // uniform
+      load_step(step + 1);   // into the buffer the previous step read (all warps passed its last barrier)
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
+    }
+    __syncthreads();  // this step's keys are in shared memory for every warp
+    const uint16_t* keys_step = keys_s + (step & 1) * kMmaStepKeys * kStride;
+    float acc[kMmaStepKeys / 8][4] = {};
+    // B matrices of a pair of n-tiles: keys 0-7 / 8-15 by lane bit 4, dims 0-7 / 8-15 by lane bit 3.
+    const uint16_t* b_row = keys_step + ((lane >> 4) * 8 + (lane & 7)) * kStride + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+      for (int pair = 0; pair < kMmaStepKeys / 16; ++pair) {
+        uint32_t bm[4];
+        load_matrices_x4(bm, shared_address(b_row + pair * 16 * kStride + ks * 16));
+        mma_bf16_m16n8k16(acc[2 * pair], a[ks], bm[0], bm[1]);
+        mma_bf16_m16n8k16(acc[2 * pair + 1], a[ks], bm[2], bm[3]);
+      }
+    }
+    // The warp's 16 heads of each key, in the fixed order above.
+#pragma unroll
+    for (int tile = 0; tile < kMmaStepKeys / 8; ++tile) {
+      float sum[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sum[j] = __fadd_rn(__fmul_rn(w_low, indexer_relu(acc[tile][j])), __fmul_rn(w_high, indexer_relu(acc[tile][2 + j])));
+#pragma unroll
+        for (int offset = 4; offset < 32; offset *= 2) sum[j] = __fadd_rn(sum[j], warp_shfl_xor(sum[j], offset));
+      }
+      if (g == 0) {
+        sums_s[warp * kMmaStepKeys + tile * 8 + 2 * c] = sum[0];
+        sums_s[warp * kMmaStepKeys + tile * 8 + 2 * c + 1] = sum[1];
+      }
+    }
+    __syncthreads();
+    const int64_t s0 = first + int64_t(step) * kMmaStepKeys;
+    for (int key = int(threadIdx.x); key < kMmaStepKeys; key += threads) {
+      if (s0 + key < len) {
+        float score = sums_s[key];
+        for (int w = 1; w < warps; ++w) score = __fadd_rn(score, sums_s[w * kMmaStepKeys + key]);
+        scores[b * n + s0 + key] = score;
+      }
+    }
   }
 }
 
-#endif  // JAX_TOPK_HAS_WMMA
+// The launch for a head count and dim that indexer_uses_tensor_cores accepts.
+template <int kDim>
+gpuError_t launch_mma_scores(const void* q, const void* keys, const float* weights, const int32_t* lengths,
+                             int64_t batch, int64_t heads, int64_t n, float* scores, gpuStream_t stream) {
+  const size_t smem = mma_smem_bytes(heads, kDim);
+  gpuError_t err = gpu_set_max_dynamic_smem(indexer_scores_mma_kernel<kDim>, int(smem));
+  if (err != gpuSuccess) return err;
+  const int64_t per_block = int64_t(kMmaStepKeys) * kMmaStepsPerBlock;
+  const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned(batch));
+  indexer_scores_mma_kernel<kDim><<<grid, unsigned(heads / kMmaHeadTile * 32), smem, stream>>>(
+      static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(keys), weights, lengths, int(heads), n, scores);
+  return gpuGetLastError();
+}
+
+gpuError_t launch_mma_scores_for_dim(const void* q, const void* keys, const float* weights, const int32_t* lengths,
+                                     int64_t batch, int64_t heads, int64_t n, int64_t dim, float* scores,
+                                     gpuStream_t stream) {
+  switch (dim) {
+    case 16: return launch_mma_scores<16>(q, keys, weights, lengths, batch, heads, n, scores, stream);
+    case 32: return launch_mma_scores<32>(q, keys, weights, lengths, batch, heads, n, scores, stream);
+    case 64: return launch_mma_scores<64>(q, keys, weights, lengths, batch, heads, n, scores, stream);
+    case kMmaMaxDim: return launch_mma_scores<kMmaMaxDim>(q, keys, weights, lengths, batch, heads, n, scores, stream);
+    default: return gpuErrorInvalidValue;  // indexer_uses_tensor_cores admits no other
+  }
+}
+
+#endif  // JAX_TOPK_HAS_MMA
 
 template <typename T>
 __global__ void __launch_bounds__(kExactThreads)
@@ -206,10 +260,10 @@ IndexerPlan plan_indexer(int64_t batch, int64_t n, int64_t k) {
 size_t indexer_scratch_bytes(int64_t batch, int64_t n, int64_t k) { return plan_indexer(batch, n, k).total; }
 
 bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim) {
-#if defined(JAX_TOPK_HAS_WMMA)
-  const bool dim_fits = dim >= kMmaTile && dim <= kMmaMaxDim && (dim & (dim - 1)) == 0;  // 16, 32, 64, 128
-  return dtype == DType::bfloat16 && heads % kMmaTile == 0 && heads > 0 && dim_fits &&
-         mma_smem_bytes(heads, dim) <= 200 * 1024;
+#if defined(JAX_TOPK_HAS_MMA)
+  const bool dim_fits = dim == 16 || dim == 32 || dim == 64 || dim == kMmaMaxDim;
+  return dtype == DType::bfloat16 && heads % kMmaHeadTile == 0 && heads > 0 &&
+         heads <= kMmaHeadTile * kMmaMaxWarps && dim_fits;
 #else
   (void)dtype, (void)heads, (void)dim;
   return false;  // HIP: the exact kernel scores every shape
@@ -227,16 +281,10 @@ gpuError_t indexer_top_k(DType dtype, const void* q, const void* keys, const flo
   const IndexerPlan plan = plan_indexer(batch, n, k);
   if (scratch_bytes < plan.total) return gpuErrorInvalidValue;
   float* all_scores = at<float>(scratch, plan.scores);
-#if defined(JAX_TOPK_HAS_WMMA)
+#if defined(JAX_TOPK_HAS_MMA)
   if (indexer_uses_tensor_cores(dtype, heads, dim)) {
-    const size_t smem = mma_smem_bytes(heads, dim);
-    gpuError_t err = gpu_set_max_dynamic_smem(indexer_scores_mma_kernel, int(smem));
+    gpuError_t err = launch_mma_scores_for_dim(q, keys, weights, lengths, batch, heads, n, dim, all_scores, stream);
     if (err != gpuSuccess) return err;
-    const int64_t per_block = int64_t(kMmaKeysPerStep) * kMmaStepsPerBlock;
-    const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned(batch));
-    indexer_scores_mma_kernel<<<grid, kMmaThreads, smem, stream>>>(
-        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(keys), weights, lengths, int(heads),
-        n, int(dim), all_scores);
   } else
 #endif
   {

@@ -16,7 +16,7 @@ namespace jax_topk::cuda {
 size_t indexer_scratch_bytes(int64_t batch, int64_t n, int64_t k);
 
 // Whether the scores of (dtype, heads, dim) come from tensor cores (bfloat16,
-// heads a multiple of 16, dim 16, 32, 64 or 128): the path depends on these only, never on
+// heads a multiple of 16 up to 128, dim 16, 32, 64 or 128): the path depends on these only, never on
 // the batch or n, so every row's result is batch-invariant either way.
 bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim);
 

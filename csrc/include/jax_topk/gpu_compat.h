@@ -23,7 +23,8 @@
 //
 // CUDA-only features are flagged for the callers that have a portable path:
 // JAX_TOPK_HAS_CLUSTERS (thread-block clusters and distributed shared
-// memory, sm_90+) and JAX_TOPK_HAS_WMMA (the nvcuda::wmma tensor-core API).
+// memory, sm_90+) and JAX_TOPK_HAS_MMA (the sm_80+ tensor-core PTX: mma.sync,
+// ldmatrix, cp.async).
 #pragma once
 
 // The GPU FFI modules (compiled by the host compiler) name their platform.
@@ -61,7 +62,7 @@
 
 #if !defined(JAX_TOPK_HIP)
 #define JAX_TOPK_HAS_CLUSTERS 1
-#define JAX_TOPK_HAS_WMMA 1
+#define JAX_TOPK_HAS_MMA 1
 #endif
 
 // ---- 2. runtime API --------------------------------------------------------
