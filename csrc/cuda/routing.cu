@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "cuda/device_info.h"
 #include "cuda/routing_cuda.h"
 
 namespace jax_topk::cuda {
@@ -565,51 +566,24 @@ bool routes_by_logits_in_lanes(const RouteConfig& cfg) {
          cfg.experts <= kLaneRouteMaxExperts && cfg.k <= 16;
 }
 
-// The device's SM count and the largest dynamic shared memory a block may
-// opt into, read once per device (host work on every launch shows up in the
-// per-call time).
-struct DeviceLimits {
-  int sms = 0;
-  int max_shared = 0;
-};
-
-gpuError_t device_limits(DeviceLimits* out) {
-  constexpr int kMaxDevices = 64;
-  static DeviceLimits cache[kMaxDevices];
-  int device = 0;
-  gpuError_t err = gpuGetDevice(&device);
-  if (err != gpuSuccess) return err;
-  if (device >= kMaxDevices) return gpuErrorInvalidDevice;
-  DeviceLimits& d = cache[device];
-  if (d.sms == 0) {
-    DeviceLimits fresh;
-    err = gpuDeviceGetAttribute(&fresh.sms, gpuDevAttrMultiProcessorCount, device);
-    if (err == gpuSuccess) err = gpuDeviceGetAttribute(&fresh.max_shared, gpuDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err != gpuSuccess) return err;
-    d = fresh;  // racing writers store the same values
-  }
-  *out = d;
-  return gpuSuccess;
-}
-
 // Blocks for `tokens` at `tokens_per_block`: enough warps for every SM to
 // hide load latency; past 16 blocks per SM the kernels loop over tokens.
-unsigned grid_blocks(int64_t tokens, int64_t tokens_per_block, const DeviceLimits& dev) {
+unsigned grid_blocks(int64_t tokens, int64_t tokens_per_block, const DeviceInfo& dev) {
   const int64_t needed = (tokens + tokens_per_block - 1) / tokens_per_block;
-  return unsigned(std::min<int64_t>(needed, int64_t(dev.sms) * 16));
+  return unsigned(std::min<int64_t>(needed, int64_t(dev.sm_count) * 16));
 }
 
 template <DType D, int kSlots, int kWidth = kLanes>
 gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, gpuStream_t stream) {
-  DeviceLimits dev;
-  gpuError_t err = device_limits(&dev);
+  DeviceInfo dev;
+  gpuError_t err = query_device(&dev);
   if (err != gpuSuccess) return err;
   const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg);
-  if (smem > size_t(dev.max_shared)) return gpuErrorInvalidValue;
+  if (smem > size_t(dev.max_shared_optin)) return gpuErrorInvalidValue;
   if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
     static bool opted_in = false;
     if (!opted_in) {
-      err = gpu_set_max_dynamic_smem(route_tokens_kernel<D, kSlots, kWidth>, dev.max_shared);
+      err = gpu_set_max_dynamic_smem(route_tokens_kernel<D, kSlots, kWidth>, dev.max_shared_optin);
       if (err != gpuSuccess) return err;
       opted_in = true;
     }
@@ -623,8 +597,8 @@ gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const Rou
 template <DType D, int kList>
 gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, const RouteConfig& cfg,
                             gpuStream_t stream) {
-  DeviceLimits dev;
-  gpuError_t err = device_limits(&dev);
+  DeviceInfo dev;
+  gpuError_t err = query_device(&dev);
   if (err != gpuSuccess) return err;
   const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kTokenLanes), dev);
   route_by_logits_kernel<D, kList><<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(logits, weights, ids, cfg);
@@ -677,8 +651,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
 template <DType D>
 gpuError_t launch_partial_sums(const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
                                int32_t experts, gpuStream_t stream) {
-  DeviceLimits dev;
-  gpuError_t err = device_limits(&dev);
+  DeviceInfo dev;
+  gpuError_t err = query_device(&dev);
   if (err != gpuSuccess) return err;
   const unsigned blocks = grid_blocks(tokens, kWarpsPerBlock, dev);
   softmax_partial_sums_kernel<D><<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(logits, shift, sums, tokens, experts);
