@@ -29,7 +29,8 @@ ffi::Error invalid(const std::string& what) { return ffi::Error::InvalidArgument
 
 // Checks the buffers and attributes against each other and fills `cfg`.
 ffi::Error decode_route(const ffi::AnyBuffer& logits, const ffi::Buffer<ffi::F32>& bias,
-                        const ffi::Buffer<ffi::U32>& normaliser, const ffi::Buffer<ffi::F32>& weights, const ffi::Buffer<ffi::S32>& ids,
+                        const ffi::Buffer<ffi::U32>& normaliser, const ffi::Buffer<ffi::F32>& weights,
+                        const ffi::Buffer<ffi::S32>& ids,
                         int64_t k, int64_t score, int64_t n_groups, int64_t top_groups,
                         bool renormalize, float scale, RouteConfig* cfg) {
   const auto dims = logits.dimensions();
@@ -118,7 +119,8 @@ RouteInputs inputs(const ffi::AnyBuffer& logits, const ffi::Buffer<ffi::F32>& bi
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
 ffi::Error route_cpu(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
-                     ffi::Buffer<ffi::U32> normaliser, ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> ids,
+                     ffi::Buffer<ffi::U32> normaliser, ffi::Result<ffi::Buffer<ffi::F32>> weights,
+                     ffi::Result<ffi::Buffer<ffi::S32>> ids,
                      int64_t k, int64_t score, int64_t n_groups, int64_t top_groups, bool renormalize,
                      float scale) {
   RouteConfig cfg;
@@ -147,7 +149,8 @@ ffi::Error route_softmax_partial_cpu(ffi::ThreadPool pool, ffi::AnyBuffer logits
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
 ffi::Error route_gpu(gpuStream_t stream, ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
-                      ffi::Buffer<ffi::U32> normaliser, ffi::Result<ffi::Buffer<ffi::F32>> weights, ffi::Result<ffi::Buffer<ffi::S32>> ids,
+                      ffi::Buffer<ffi::U32> normaliser, ffi::Result<ffi::Buffer<ffi::F32>> weights,
+                      ffi::Result<ffi::Buffer<ffi::S32>> ids,
                       int64_t k, int64_t score, int64_t n_groups, int64_t top_groups, bool renormalize,
                       float scale) {
   RouteConfig cfg;

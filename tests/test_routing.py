@@ -179,9 +179,10 @@ def test_softmax_normaliser_is_the_exactly_rounded_sum(rng):
     partial = jax.jit(lambda a, m: _route.softmax_partial_p.bind(a, m))
     whole = np.asarray(partial(z, shift))
     alone = np.asarray(partial(z[..., None], np.broadcast_to(shift[:, None], z.shape)))
-    weights, ids = map(np.asarray, jax.jit(lambda a: routing.route(a, experts, renormalize=False))(z))
+    route_all = jax.jit(lambda a: routing.route(a, experts, renormalize=False))
+    weights, ids = map(np.asarray, route_all(z))
     perm = rng.permutation(experts)
-    weights_p, ids_p = map(np.asarray, jax.jit(lambda a: routing.route(a, experts, renormalize=False))(z[:, perm]))
+    weights_p, ids_p = map(np.asarray, route_all(z[:, perm]))
     for t in range(tokens):
         terms = [_exact_sum(alone[t, i]) for i in range(experts)]
         assert all(Fraction(float(np.float32(float(e)))) == e for e in terms), t  # each a float32

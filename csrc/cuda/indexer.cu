@@ -166,7 +166,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
       float sum[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        sum[j] = __fadd_rn(__fmul_rn(w_low, indexer_relu(acc[tile][j])), __fmul_rn(w_high, indexer_relu(acc[tile][2 + j])));
+        sum[j] = __fadd_rn(__fmul_rn(w_low, indexer_relu(acc[tile][j])),
+                           __fmul_rn(w_high, indexer_relu(acc[tile][2 + j])));
 #pragma unroll
         for (int offset = 4; offset < 32; offset *= 2) sum[j] = __fadd_rn(sum[j], warp_shfl_xor(sum[j], offset));
       }
