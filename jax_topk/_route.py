@@ -225,33 +225,43 @@ def _kernel_lowering(platform: str):
     return lowering
 
 
-def _kept_per_group(k: int, group: int, grouped: bool) -> int:
-    """How many of a group's experts (or, without groups, a device's) the
-    merge keeps: ``min(k, group)``, and with groups at least the two best
-    that make the group's score."""
-    return min(max(k, 2) if grouped else k, group)
+def _kept_per_part(k: int, part: int, grouped: bool) -> int:
+    """How many experts of a part (a group, or a device's share of one, or
+    without groups all of a device's) the merge keeps: ``min(k, part)``, and
+    with groups at least the two best that can make the group's score."""
+    return min(max(k, 2) if grouped else k, part)
+
+
+def _part(experts: int, shards: int, n_groups: int) -> int:
+    """The experts a device ranks together in a merge: a whole group when a
+    device holds whole groups, its share of a group when a group spans
+    several devices, all of its experts without groups."""
+    local = experts // shards
+    return min(experts // n_groups, local) if n_groups else local
 
 
 def candidates_per_shard(experts: int, shards: int, k: int, n_groups: int) -> int:
     """How many experts per row each of ``shards`` devices contributes to
     ``route_candidate_merge``: its best ``min(k, experts / shards)``, or
-    with groups (whole groups per device) each group's best
-    ``min(max(k, 2), group size)``."""
-    local = experts // shards
-    group = experts // n_groups if n_groups else local
-    return local // group * _kept_per_group(k, group, bool(n_groups))
+    with groups each of its parts' best ``min(max(k, 2), part size)``."""
+    part = _part(experts, shards, n_groups)
+    return experts // shards // part * _kept_per_part(k, part, bool(n_groups))
 
 
 def merge_is_exact(avals_in, params, shards: int, platform: str) -> bool:
     """Whether ``route_candidate_merge`` gives the unsharded result bit for
     bit for logits whose expert axis is split over ``shards`` devices.
 
-    Not where a group would be split across devices, and only where the
-    kernel (not the composition, whose exp/log differ) routes the rows, the
+    Not where groups and devices cut the experts unevenly (a device must
+    hold whole groups, or a group whole devices), and only where the kernel
+    (not the composition, whose exp/log differ) routes the rows, the
     candidates and, for a softmax normaliser, the partial sums."""
     logits, bias = avals_in
     experts, k, n_groups = logits.shape[-1], params["k"], params["n_groups"]
-    if experts % shards or (n_groups and (experts // shards) % (experts // n_groups)):
+    if experts % shards:
+        return False
+    local, group = experts // shards, experts // n_groups if n_groups else 0
+    if n_groups and local % group and group % local:
         return False
     lowering_platform = _info._lowering_platform(platform)
     limits = _registry.build_info(lowering_platform).get("route_limits", {})
@@ -287,8 +297,9 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
        own row's.
     1. Each device ranks its experts by the selection key (c = score + bias,
        the score alone with groups, or the logits themselves) and keeps its
-       best ``candidates_per_shard``; with groups, each of its (whole)
-       groups' best. Without a bias or groups a softmax route's logits are
+       best ``candidates_per_shard``; with groups, each of its groups' best,
+       or of its share of a group that spans devices (the group's two best,
+       which make its score, are among its shares' two best). Without a bias or groups a softmax route's logits are
        ranked through a sigmoid: the same order, but a NaN or +inf logit
        ranks first instead of making the device's own softmax degenerate,
        so every row's maximum is among the candidates.
@@ -321,19 +332,21 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
         words, shift = _shared_normaliser(logits, gather)
         normaliser = (words,)
 
-    group = local * lax.axis_size(axes) // n_groups if n_groups else local
-    rows = logits.reshape(logits.shape[:-1] + (local // group, group))
-    by_score = bias is not None or bool(n_groups)
-    if by_score:  # the final selection's key, c = score + bias (a zero bias: c = score exactly)
-        row_bias = jnp.zeros((group,), jnp.float32) if bias is None else bias.reshape(rows.shape)
+    # Parts in device order are in expert order: a group spanning devices
+    # has its candidates side by side after the gather, as the grouped
+    # kernel call below reads them.
+    part = _part(local * lax.axis_size(axes), lax.axis_size(axes), n_groups)
+    rows = logits.reshape(logits.shape[:-1] + (local // part, part))
+    kept = _kept_per_part(k, part, bool(n_groups))
+    if bias is not None or n_groups:  # the final selection's key, c = score + bias (a zero bias: c = score exactly)
+        row_bias = jnp.zeros((part,), jnp.float32) if bias is None else bias.reshape(rows.shape)
         row_normaliser = tuple(jnp.broadcast_to(w[..., None, :], rows.shape[:-1] + w.shape[-1:]) for w in normaliser)
-        _, best = bind_local(rows, row_bias, *row_normaliser, k=_kept_per_group(k, group, bool(n_groups)),
-                             score=score, n_groups=0, top_groups=0, renormalize=False, scale=1.0)
-    else:  # the logits' order
-        _, best = bind_local(rows, no_bias, k=_kept_per_group(k, group, False),
-                             score="sigmoid" if score == "softmax" else score, n_groups=0, top_groups=0,
+        _, best = bind_local(rows, row_bias, *row_normaliser, k=kept, score=score, n_groups=0, top_groups=0,
                              renormalize=False, scale=1.0)
-    best = (best + group * jnp.arange(local // group, dtype=best.dtype)[:, None]).reshape(
+    else:  # the logits' order
+        _, best = bind_local(rows, no_bias, k=kept, score="sigmoid" if score == "softmax" else score, n_groups=0,
+                             top_groups=0, renormalize=False, scale=1.0)
+    best = (best + part * jnp.arange(local // part, dtype=best.dtype)[:, None]).reshape(
         logits.shape[:-1] + (-1,))
 
     candidates = gather(jnp.take_along_axis(logits, best, axis=-1))

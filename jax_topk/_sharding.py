@@ -20,8 +20,8 @@ lowers to a ``custom_partitioning`` call whose rules are here:
     best, are gathered with their logits and ids, and the kernel routes
     the candidates; a softmax normaliser the route reads is shared first as
     the row's max logit and each device's exact partial sum), wherever
-    that is exact; where it is not (a group split across devices, no
-    kernel) the expert axis is gathered first.
+    that is exact; where it is not (groups and devices that cut the
+    experts unevenly, no kernel) the expert axis is gathered first.
   - ``sort``: the last axis is all-gathered and every device sorts the
     whole row (a sort's output has every element of the row).
   The outputs' last axis is never sharded.

@@ -249,26 +249,49 @@ def test_route_along_sharded_expert_axis(preset, spec, dtype, mesh, rng):
 def test_route_along_sharded_expert_axis_variants(mesh, rng):
     # A per-token bias (sharded with the logits), groups of one expert, k above
     # the experts per device, 1-D logits, softmax normalisers read through a
-    # bias or groups, and the unsplittable case: groups straddling devices.
+    # bias or groups, and groups spanning devices (each device keeps its
+    # share's best): all merged, gathering at most each device's candidates
+    # (or its normaliser words) per row.
     logits = special_logits(rng, 16, 64, np.float32)
     bias = rng.standard_normal((16, 64)).astype(np.float32)
-    cases = {
-        "per-token bias": lambda a: jax.vmap(lambda row, b: routing.route(row, 4, score="sqrt_softplus", bias=b))(
-            a, jnp.asarray(bias)),
-        "groups of one": lambda a: routing.route(a, 3, score="sigmoid", n_groups=64, top_groups=5),
-        "k > experts per device": lambda a: routing.route(a, 12, renormalize=True),
-        "k = 1 with groups": lambda a: routing.route(a, 1, score="sigmoid", n_groups=8, top_groups=3),
-        "1-D logits": lambda a: routing.route(a[0], 5, score="sigmoid", bias=jnp.asarray(bias[0])),
-        "groups across devices": lambda a: routing.route(a, 4, score="sigmoid", n_groups=2, top_groups=1),
-        "softmax with a bias": lambda a: routing.route(a, 4, bias=jnp.asarray(bias[0]), renormalize=True),
-        "softmax with a per-token bias": lambda a: jax.vmap(
+    words = _route._exact_sum_words()
+    cases = {  # name: (fn, k, n_groups, gathers a normaliser)
+        "per-token bias": (lambda a: jax.vmap(lambda row, b: routing.route(row, 4, score="sqrt_softplus", bias=b))(
+            a, jnp.asarray(bias)), 4, 0, False),
+        "groups of one": (lambda a: routing.route(a, 3, score="sigmoid", n_groups=64, top_groups=5), 3, 64, False),
+        "k > experts per device": (lambda a: routing.route(a, 12, renormalize=True), 12, 0, False),
+        "k = 1 with groups": (lambda a: routing.route(a, 1, score="sigmoid", n_groups=8, top_groups=3), 1, 8, False),
+        "1-D logits": (lambda a: routing.route(a[0], 5, score="sigmoid", bias=jnp.asarray(bias[0])), 5, 0, False),
+        "groups across devices": (lambda a: routing.route(a, 4, score="sigmoid", n_groups=2, top_groups=1),
+                                  4, 2, False),
+        "groups across devices, softmax with a bias": (lambda a: routing.route(
+            a, 6, bias=jnp.asarray(bias[1]), n_groups=4, top_groups=2, renormalize=False), 6, 4, True),
+        "softmax with a bias": (lambda a: routing.route(a, 4, bias=jnp.asarray(bias[0]), renormalize=True),
+                                4, 0, True),
+        "softmax with a per-token bias": (lambda a: jax.vmap(
             lambda row, b: routing.route(row, 6, bias=b, renormalize=False, scale=2.0))(a, jnp.asarray(bias)),
-        "softmax with groups": lambda a: routing.route(a, 5, n_groups=8, top_groups=3, renormalize=False),
-        "softmax, k > experts per device": lambda a: routing.route(a, 12, renormalize=False),
+            6, 0, True),
+        "softmax with groups": (lambda a: routing.route(a, 5, n_groups=8, top_groups=3, renormalize=False),
+                                5, 8, True),
+        "softmax, k > experts per device": (lambda a: routing.route(a, 12, renormalize=False), 12, 0, True),
     }
-    for what, fn in cases.items():
-        got, want, _ = run_sharded(fn, mesh, P(None, ("rows", "cols")), logits)
+    spec = P(None, ("rows", "cols"))
+    shards = mesh_size(mesh, spec[-1])
+    for what, (fn, k, n_groups, normaliser) in cases.items():
+        got, want, hlo = run_sharded(fn, mesh, spec, logits)
         assert_same(got, want, what)
+        tokens = 1 if what == "1-D logits" else logits.shape[0]
+        per_row = [int(np.prod(a)) // tokens for a in all_gathered_arrays(hlo)]
+        moved = max(_route.candidates_per_shard(64, shards, k, n_groups), words if normaliser else 0)
+        assert shards == 1 or (per_row and max(per_row) <= shards * moved), (what, per_row)
+    # Groups of 8 of 96 experts over 8 devices of 12: cut unevenly, so the
+    # expert axis is gathered first (the documented fallback), same result.
+    uneven = special_logits(rng, 16, 96, np.float32)
+    fn = lambda a: routing.route(a, 4, score="sigmoid", n_groups=12, top_groups=3)  # noqa: E731
+    got, want, hlo = run_sharded(fn, mesh, spec, uneven)
+    assert_same(got, want, "uneven groups")
+    if shards > 1 and 96 % shards == 0 and (96 // shards) % 8 and 8 % (96 // shards):
+        assert 96 in [int(np.prod(a)) // 16 for a in all_gathered_arrays(hlo)]
 
 
 def test_vmap_and_grad_under_sharding(mesh, rng):
