@@ -225,6 +225,17 @@ def _kernel_lowering(platform: str):
     return lowering
 
 
+def _partial_lowering(platform: str):
+    def lowering(ctx, logits, shift):
+        target = _registry.kernel_target("route_softmax_partial", platform, ctx.avals_in[0].dtype)
+        if target is None:  # merge_is_exact keeps merges that need it off such platforms
+            raise NotImplementedError(f"jax_topk: no softmax partial-sum kernel for {platform}, "
+                                      f"{ctx.avals_in[0].dtype}")
+        return jax.ffi.ffi_lowering(target)(ctx, logits, shift)
+
+    return lowering
+
+
 def _kept_per_part(k: int, part: int, grouped: bool) -> int:
     """How many experts of a part (a group, or a device's share of one, or
     without groups all of a device's) the merge keeps: ``min(k, part)``, and
@@ -299,10 +310,11 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
        the score alone with groups, or the logits themselves) and keeps its
        best ``candidates_per_shard``; with groups, each of its groups' best,
        or of its share of a group that spans devices (the group's two best,
-       which make its score, are among its shares' two best). Without a bias or groups a softmax route's logits are
-       ranked through a sigmoid: the same order, but a NaN or +inf logit
-       ranks first instead of making the device's own softmax degenerate,
-       so every row's maximum is among the candidates.
+       which make its score, are among its shares' two best). Without a
+       bias or groups a softmax route's logits are ranked through a sigmoid:
+       the same order, but a NaN or +inf logit ranks first instead of making
+       the device's own softmax degenerate, so every row's maximum is among
+       the candidates.
     2. The candidates' logits and global ids (and per-token biases; a bias
        per expert is on every device) are all-gathered in device order
        (equal keys keep the lower expert first) and the kernel
@@ -378,21 +390,7 @@ batching.primitive_batchers[route_p] = _batch
 ad.primitive_jvps[route_p] = _jvp
 _sharding.register(route_p, _sharding.partitioned_lowering(
     route_local_p, roles=_roles, split_rule=route_candidate_merge, split_applies=merge_is_exact))
-mlir.register_lowering(route_local_p, _fallback_lowering)
+mlir.register_lowering(route_local_p, _fallback_lowering)  # softmax_partial_p has none: kernels only
 for _platform in _registry.platforms():
     mlir.register_lowering(route_local_p, _kernel_lowering(_platform), platform=_platform)
-
-
-def _partial_lowering(platform: str):
-    def lowering(ctx, logits, shift):
-        target = _registry.kernel_target("route_softmax_partial", platform, ctx.avals_in[0].dtype)
-        if target is None:  # merge_is_exact keeps merges that need it off such platforms
-            raise NotImplementedError(f"jax_topk: no softmax partial-sum kernel for {platform}, "
-                                      f"{ctx.avals_in[0].dtype}")
-        return jax.ffi.ffi_lowering(target)(ctx, logits, shift)
-
-    return lowering
-
-
-for _platform in _registry.platforms():
     mlir.register_lowering(softmax_partial_p, _partial_lowering(_platform), platform=_platform)

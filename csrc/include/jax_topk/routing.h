@@ -254,7 +254,10 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int32_t candidate_index(uint64_t pack
 // `width` (a power of two) partial sums can be nonzero, the levels above
 // width / 2 only add +0, which changes no sum of non-negative terms (nor a
 // NaN): they are skipped.
-JAX_TOPK_HOST_DEVICE inline double butterfly_sum(double (&partial)[kRouteLanes], int width = kRouteLanes) {
+// (Any power-of-two array of partial sums: a kernel holding kList numerators
+// sums them the same way.)
+template <int N>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE double butterfly_sum(double (&partial)[N], int width = N) {
   for (int offset = width / 2; offset > 0; offset /= 2) {
     for (int i = 0; i < offset; ++i) partial[i] = add(partial[i], partial[i + offset]);
   }
