@@ -11,6 +11,8 @@
 #   sort       the CUDA sort: self-test --sort (with --big: several chunks of the tile regime),
 #              memcheck and racecheck over its --quick cases, the GPU pytest of sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
+#   kregimes   the same with every regime that holds each shape (--regimes)
+#   phases     the self-test built with the phase timer, on the ragged batches
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
 #   trace      GPU timeline of those executables: kernel time against gaps
 #              (benchmarks/trace_calls.py), with and without XLA command buffers
@@ -77,7 +79,7 @@ for s in "$@"; do
       # racecheck over every kernel at once outruns a call; one kernel family at a
       # time, over the cases of at most 8192 elements (racecheck instruments every
       # shared-memory access: with 65536 the threshold kernel alone outran 130 s).
-      for kernel in warp_select warp_sort threshold cluster_topk radix_topk_row_per_block radix_split; do
+      for kernel in warp_select warp_sort threshold cluster_topk register_topk radix_topk_row_per_block radix_split; do
         step "racecheck_$kernel" 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
           --kernel-name "kns=$kernel" "$SELFTEST" --quick --max-elements 8192
       done ;;
@@ -89,6 +91,13 @@ for s in "$@"; do
     kbench)
       [[ -x $SELFTEST ]] || build_selftest
       step kbench 200 "$SELFTEST" --bench ;;
+    kregimes)  # every regime that holds each shape, the few-row crossings included
+      [[ -x $SELFTEST ]] || build_selftest
+      step kregimes 300 "$SELFTEST" --bench --regimes ;;
+    phases)  # where a block's time goes (-DJAX_TOPK_PHASE_TIMING), on the ragged batches
+      step phases_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -DJAX_TOPK_PHASE_TIMING \
+        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu -o /tmp/topk_phases &&
+        step phases 200 /tmp/topk_phases --bench --regimes --only ragged ;;
     overhead)
       step overhead 200 python3 benchmarks/call_overhead.py
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;

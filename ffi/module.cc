@@ -134,6 +134,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["cluster_min_n"] = jax_topk::kClusterMinN;
         t["cluster_max_n"] = jax_topk::kClusterMaxN;
         t["cluster_max_k"] = jax_topk::kClusterMaxK;
+        t["register_rows_max_n"] = jax_topk::kRegisterRowsMaxN;
+        t["register_rows_max_k"] = jax_topk::kRegisterRowsMaxK;
+        t["register_rows_min_k"] = jax_topk::kRegisterRowsMinK;
         d["topk_thresholds"] = t;
         // Row lengths at which the sort changes its warp slots, block shape or regime.
         nb::list sort_n;

@@ -252,6 +252,29 @@ struct DigitPick {
   uint32_t count;  // elements in it
 };
 
+// The lanes of `among` whose kBits-wide digit equals this lane's: one ballot
+// per digit bit. Every lane of the warp calls it. (__match_any_sync instead:
+// 412 against 371 us for the sort of 1024x8192 float32 on an H200.)
+template <int kBits>
+__device__ JAX_TOPK_FORCE_INLINE unsigned lanes_with_same_digit(int d, unsigned among) {
+  unsigned peers = among;
+JAX_TOPK_UNROLL
+  for (int b = 0; b < kBits; ++b) {
+    const bool bit = ((d >> b) & 1) != 0;
+    const unsigned set = warp_ballot(bit);
+    peers &= bit ? set : ~set;
+  }
+  return peers;
+}
+
+// Whether key's bits at and above `shift` equal prefix's (shift == the key
+// width of U: no bits fixed yet). For radix selects on ordered keys held as
+// 32-bit words.
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE bool key_matches_prefix(uint32_t key, uint32_t prefix, int shift) {
+  return shift >= int(sizeof(U) * 8) || (key >> shift) == (prefix >> shift);
+}
+
 // One warp (every lane calls it, lane = lane_id()) picks the bin of the
 // k_left-th largest element of hist[0:kBins) (1 <= k_left <= the total)
 // and writes it to *pick: lane l sums kBins / 32 bins from the top, a warp

@@ -14,6 +14,7 @@
 #include "cuda/topk_cluster.cuh"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_radix.cuh"
+#include "cuda/topk_register.cuh"
 #include "cuda/topk_threshold.cuh"
 #include "cuda/topk_warp.cuh"
 #include "cuda/topk_warp_select.cuh"
@@ -78,7 +79,7 @@ gpuError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
   if (forced && p.regime == TopkRegime::kEmpty && rows > 0 && k > 0) return gpuErrorInvalidValue;
   if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
       p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock ||
-      p.regime == TopkRegime::kClusterRows) {
+      p.regime == TopkRegime::kClusterRows || p.regime == TopkRegime::kRegisterRows) {
     *plan = p;
     return gpuSuccess;
   }
@@ -409,6 +410,38 @@ gpuError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int
   return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys, and GPUs without clusters, off this regime
 }
 
+// kRegisterRows: one block per row (a grid-stride loop when the rows
+// outnumber the blocks that fit at once), register_rows_per_thread(n)
+// elements per thread.
+template <typename U, int kE>
+gpuError_t launch_register_rows_e(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                                  int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                                  gpuStream_t stream) {
+  auto kernel = register_topk_rows_kernel<U, kE>;
+  int per_sm = 0;
+  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRegisterThreads, 0,
+                                  &per_sm);
+  if (err != gpuSuccess) return err;
+  const int64_t grid = persistent_row_grid(per_sm, dev, rows, 0);
+  kernel<<<unsigned(grid), kRegisterThreads, 0, stream>>>(x, rows, n, k, codec, lengths, values, indices);
+  return gpuGetLastError();
+}
+
+template <typename U>
+gpuError_t launch_register_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                                int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                                gpuStream_t stream) {
+  if constexpr (sizeof(U) <= 4) {
+    switch (register_rows_per_thread(n)) {
+      case 4: return launch_register_rows_e<U, 4>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
+      case 8: return launch_register_rows_e<U, 8>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
+      case 16: return launch_register_rows_e<U, 16>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
+      default: return gpuErrorInvalidValue;
+    }
+  }
+  return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys off this regime
+}
+
 template <typename U>
 gpuError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                    int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
@@ -486,6 +519,8 @@ gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* val
                                                stream);
     case TopkRegime::kClusterRows:
       return launch_cluster_rows<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
+    case TopkRegime::kRegisterRows:
+      return launch_register_rows<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
     case TopkRegime::kRadixSplitRow:
       err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, lengths,
                                       scratch, stream);

@@ -117,13 +117,6 @@ JAX_TOPK_UNROLL
   for (int i = done + tid; i < count; i += kClusterThreads) keys[i] = codec.key(src[i]);
 }
 
-// Whether key's bits at and above `shift` equal prefix's (shift == the key
-// width: no bits fixed yet).
-template <typename U>
-__device__ JAX_TOPK_FORCE_INLINE bool key_matches_prefix(uint32_t key, uint32_t prefix, int shift) {
-  return shift >= int(sizeof(U) * 8) || (key >> shift) == (prefix >> shift);
-}
-
 // Calls f(key, i) for every key of keys[0:count), thread by thread in
 // 16-byte vectors (keys[] is padded to whole vectors; the padding is skipped).
 template <typename U, typename F>

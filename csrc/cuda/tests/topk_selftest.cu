@@ -735,6 +735,46 @@ void run_suite(bool quick, bool big) {
     }
   }
 
+  // Register rows: the regime forced onto every elements-per-thread size
+  // (n around 1024 * {4, 8, 16}), k at the sort's one/two values per thread
+  // and its capacity, ties at the k-th key across threads (all-equal and
+  // few-value rows), misaligned rows (scalar loads); then shapes the
+  // dispatcher sends there (few rows, the ragged batch, the indexer's rows).
+  {
+    const std::vector<int64_t> register_ns =
+        quick ? std::vector<int64_t>{17, 4097, kRegisterRowsMaxN}
+              : std::vector<int64_t>{1, 2, 17, 1000, 4095, 4096, 4097, 8000, 8192, 8193, 12345,
+                                     kRegisterRowsMaxN - 1, kRegisterRowsMaxN};
+    const std::vector<int64_t> register_ks =
+        quick ? std::vector<int64_t>{1, 1025, kRegisterRowsMaxK}
+              : std::vector<int64_t>{1, 2, 31, 33, 512, 1000, 1024, 1025, kRegisterRowsMaxK - 1, kRegisterRowsMaxK};
+    for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
+      g_topk_regime = TopkRegime::kRegisterRows;
+      for (int64_t n : register_ns) {
+        for (int64_t k : register_ks) {
+          if (k > n) continue;
+          run_one(d, 3, n, k, Pattern::kGaussian);
+          run_one(d, 3, n, k, Pattern::kAllEqual);
+          run_one(d, 3, n, k, Pattern::kFewValues, /*misaligned=*/true);
+          run_lengths(d, 13, n, k, Pattern::kGaussian);
+          if (!quick) {
+            run_one(d, 3, n, k, Pattern::kSpecials);
+            run_one(d, 3, n, k, Pattern::kAscending);
+            run_one(d, 3, n, k, Pattern::kDescending, /*misaligned=*/true);
+            run_one(d, 3, n, k, Pattern::kRandomBits);
+            run_lengths(d, 13, n, k, Pattern::kFewValues);
+            run_lengths(d, 13, n, k, Pattern::kAllEqual, /*misaligned=*/true);
+          }
+        }
+      }
+      run_one(d, 2 * sm + 1, 3000, 100, Pattern::kGaussian);  // more rows than blocks at once
+      g_topk_regime.reset();
+      run_one(d, sm, 8192, kRegisterRowsMinK, Pattern::kGaussian);
+      run_lengths(d, 31, 8000, 2048, Pattern::kGaussian);
+      run_lengths(d, 31, 8000, 2048, Pattern::kFewValues);
+    }
+  }
+
   // Radix, rows split over blocks (few rows, long rows), forced: the
   // dispatcher sends rows of up to 512 KB with k <= kThresholdMaxK to the
   // threshold and cluster kernels.
@@ -878,9 +918,10 @@ void print_phases(const unsigned long long* cycles, int64_t rows) {
 #endif
 
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
-// padded to 8000, k = 512, one call with lengths; in every regime that holds.
-void run_ragged_bench() {
-  constexpr int64_t kRows = 31, kN = 8000, kK = 512;
+// padded to 8000, k = 512 (and 1024, and the indexer's 2048), one call with
+// lengths; in every regime that holds.
+void run_ragged_bench(int64_t kK) {
+  constexpr int64_t kRows = 31, kN = 8000;
   std::mt19937_64 rng(3);
   std::uniform_int_distribution<int32_t> length(2000, 8000);
   std::vector<int32_t> host_lengths(kRows);
@@ -896,7 +937,8 @@ void run_ragged_bench() {
   CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   const TopkRegime dispatched = choose_topk_regime(kRows, kN, kK, 4, g_sm_count, g_has_clusters);
   std::vector<TopkRegime> regimes = {dispatched};
-  for (TopkRegime r : {TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow}) {
+  for (TopkRegime r : {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows,
+                       TopkRegime::kRadixSplitRow}) {
     if (g_compare_regimes && r != dispatched) regimes.push_back(r);
   }
   for (TopkRegime r : regimes) {
@@ -912,7 +954,9 @@ void run_ragged_bench() {
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
 #endif
-    std::printf("%-22s %-20s %10.1f%s\n", "ragged 31x8000 k512", topk_regime_name(r),
+    char label[40];
+    std::snprintf(label, sizeof label, "ragged 31x8000 k%lld", (long long)kK);
+    std::printf("%-22s %-20s %10.1f%s\n", label, topk_regime_name(r),
                 median_launch_us(launch, 5, 30), r == dispatched ? "  (dispatched)" : "");
 #if defined(JAX_TOPK_PHASE_TIMING)
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));
@@ -942,6 +986,14 @@ void run_bench(const std::string& only) {
     for (int64_t rows : {4, 16, 32}) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 2048}, {131072, 64}, {65536, 2048},
                                  {32768, 512}, {16384, 512}}) {
+        shapes.push_back({rows, n, k, 0});
+      }
+    }
+    // Few rows of at most kRegisterRowsMaxN, where the register-rows and
+    // threshold kernels cross (rows around the SM count; k small and large).
+    for (int64_t rows : {1, 31, 132, 264}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 512}, {8192, 2048}, {16384, 64},
+                                 {16384, 2048}, {4096, 256}}) {
         shapes.push_back({rows, n, k, 0});
       }
     }
@@ -985,8 +1037,8 @@ void run_bench(const std::string& only) {
     // The other regimes that hold the shape (where the thresholds lie).
     const TopkRegime dispatched = choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count, g_has_clusters);
     auto time_other_regimes = [&](double floor_us) {
-      for (TopkRegime r : {TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows,
-                           TopkRegime::kRadixSplitRow}) {
+      for (TopkRegime r : {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock,
+                           TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow}) {
         if (r == dispatched || !topk_regime_holds(r, s.n, s.k, 4, g_has_clusters)) continue;
         const size_t bytes_r = jax_topk::cuda::topk_scratch_bytes(DType::float32, s.rows, s.n, s.k, r);
         void* scratch_r = nullptr;
@@ -1025,7 +1077,9 @@ void run_bench(const std::string& only) {
     CHECK_CUDA(cudaFree(whole_lengths));
     if (scratch) CHECK_CUDA(cudaFree(scratch));
   }
-  if (only.empty() || only == "ragged") run_ragged_bench();
+  if (only.empty() || only == "ragged") {
+    for (int64_t k : {512, 1024, 2048}) run_ragged_bench(k);
+  }
 }
 
 // The sort suite: every dtype the CUDA sort takes, both directions, row

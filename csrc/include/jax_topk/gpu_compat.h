@@ -204,7 +204,7 @@ __device__ JAX_TOPK_FORCE_INLINE void warp_sync() {
 #endif
 }
 
-// Sum / max of v over the warp, in every lane (exact: integers).
+// Sum / max / min of v over the warp, in every lane (exact: integers).
 __device__ JAX_TOPK_FORCE_INLINE uint32_t warp_reduce_add(uint32_t v) {
 #if !defined(JAX_TOPK_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   return __reduce_add_sync(kFullWarpMask, v);
@@ -225,6 +225,8 @@ __device__ JAX_TOPK_FORCE_INLINE uint32_t warp_reduce_max(uint32_t v) {
   return v;
 #endif
 }
+
+__device__ JAX_TOPK_FORCE_INLINE uint32_t warp_reduce_min(uint32_t v) { return ~warp_reduce_max(~v); }
 
 // The float32 value of float16 bits (exact).
 __device__ JAX_TOPK_FORCE_INLINE float half_bits_to_float(unsigned short bits) {

@@ -26,6 +26,8 @@ enum class TopkRegime : int {
                               // compaction read, sort of the ~k..2k candidates
   kClusterRows = 6,      // sm_90+: a cluster of blocks per row, the row read once
                          // into their shared memory, exact radix select over DSMEM
+  kRegisterRows = 7,     // one 1024-thread block per row, the row read once into
+                         // registers, exact radix select, radix sort of the k
 };
 
 inline const char* topk_regime_name(TopkRegime r) {
@@ -37,6 +39,7 @@ inline const char* topk_regime_name(TopkRegime r) {
     case TopkRegime::kRadixSplitRow: return "radix_split_row";
     case TopkRegime::kThresholdRowPerBlock: return "threshold_row_per_block";
     case TopkRegime::kClusterRows: return "cluster_rows";
+    case TopkRegime::kRegisterRows: return "register_rows";
   }
   return "?";
 }
@@ -121,6 +124,40 @@ constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_c
   return has_clusters && elem_bytes <= 4 && k <= kClusterMaxK && n <= kClusterMaxN;
 }
 
+// Register-rows kernel (kRegisterRows; keys of at most 32 bits): one block
+// of kRegisterRowsThreads threads per row, each thread holding up to
+// kRegisterRowsMaxPerThread consecutive elements in registers, so rows of up
+// to kRegisterRowsMaxN elements are read once; an exact radix select and a
+// stable radix sort of the k selected follow (csrc/cuda/topk_register.cuh).
+// Its time does not depend on the data. Measured on an H200 against the
+// threshold kernel (benchmarks/results/NOTES.md, eleventh session; kernel us
+// by CUDA events): k = 2048 on 31 ragged rows of 2000..8000, 21.1 against
+// 45.9 (the threshold kernel's short rows fall back to a bitonic sort of
+// 4096); 132 x 8192, 23.2 against 26.7; 1-31 rows of 8192, within 1 us. At
+// k <= 512 the threshold kernel's few candidates are cheaper (16384 k64: 14.6
+// against 20.3; k = 512 within 1 us), and from two rows per SM on its two
+// blocks per SM win (264 x 8192 k2048: 33.5 against 39.6). So: k of at
+// least kRegisterRowsMinK on at most kRegisterRowsMaxRowsPerSm rows per SM.
+inline constexpr int kRegisterRowsThreads = 1024;
+inline constexpr int kRegisterRowsMaxPerThread = 16;
+inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
+// Largest k: the k selected are sorted in shared memory (two exchange
+// buffers of next_pow2(k) packed values, 32 KB at 2048).
+inline constexpr int64_t kRegisterRowsMaxK = 2048;
+inline constexpr int64_t kRegisterRowsMinK = 1024;
+inline constexpr int64_t kRegisterRowsMaxRowsPerSm = 1;
+
+// Elements per thread in kRegisterRows: the smallest of 4, 8, 16 that holds n.
+constexpr int register_rows_per_thread(int64_t n) {
+  int e = 4;
+  while (e < kRegisterRowsMaxPerThread && n > int64_t(kRegisterRowsThreads) * e) e *= 2;
+  return e;
+}
+
+constexpr bool register_rows_fit(int64_t n, int64_t k, int elem_bytes) {
+  return elem_bytes <= 4 && k <= kRegisterRowsMaxK && n <= kRegisterRowsMaxN;
+}
+
 // Number of lanes (4, 8, 16 or 32) that cooperate on one row in the warp-sort
 // kernel: about kTinyRowsElemsPerLane elements per lane for short rows.
 constexpr int warp_sort_lanes_per_row(int64_t n) {
@@ -140,6 +177,10 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
   const bool warp_sort_fills = n <= kWarpSortAlwaysN || rows >= kWarpSortMinRowsPerSm * sm_count;
   if (warp_sort_fits(n, k, elem_bytes) && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
+  }
+  if (register_rows_fit(n, k, elem_bytes) && k >= kRegisterRowsMinK &&
+      rows <= kRegisterRowsMaxRowsPerSm * sm_count) {
+    return TopkRegime::kRegisterRows;
   }
   const bool threshold_fits = elem_bytes <= 4 && k <= kThresholdMaxK;
   if (rows >= kRadixRowsPerSmForRowPerBlock * sm_count || n < kRadixSplitMinN) {
@@ -167,6 +208,7 @@ constexpr bool topk_regime_holds(TopkRegime regime, int64_t n, int64_t k, int el
     case TopkRegime::kRadixSplitRow: return true;
     case TopkRegime::kThresholdRowPerBlock: return elem_bytes <= 4 && k <= kThresholdMaxK;
     case TopkRegime::kClusterRows: return cluster_rows_fit(n, k, elem_bytes, has_clusters);
+    case TopkRegime::kRegisterRows: return register_rows_fit(n, k, elem_bytes);
   }
   return false;
 }

@@ -1,0 +1,273 @@
+// Register-rows top-k (regime kRegisterRows): one block of
+// kRegisterRowsThreads threads per row, keys of at most 32 bits, n <=
+// kRegisterRowsMaxN, k <= kRegisterRowsMaxK. It is for few short rows (the
+// ragged batch, the indexer's scores), where a one-block-per-row kernel's
+// time is the latency of its phases, not bandwidth; so it has as few phases
+// as the problem allows:
+//
+// 1. Thread t loads the E consecutive elements [t*E, t*E + E) of the row
+//    (16-byte loads) and keeps them as ordered keys in registers: the row is
+//    read once and never stored (the threshold kernel reads it twice). The
+//    row's smallest and largest keys come with the load's barrier.
+// 2. Exact radix select of the k-th largest KEY, 11-bit digits from the
+//    highest bit where the smallest and largest keys differ (the bits above
+//    are common): a shared-memory histogram of the keys matching the prefix
+//    so far, then the whole block finds the bin of the k_left-th largest
+//    (two bins per thread, one block scan). A pass whose bin is taken whole
+//    ends the select (random float32 rows: after 2 passes). Starting below
+//    the common bits spreads the first pass's shared atomics over the bins
+//    (scores of one magnitude share their exponent).
+// 3. Exactly min(k, len) packed (key, ~index) values go to shared memory in
+//    index order, placed by one block scan of per-thread counts (outright
+//    picks and ties packed in one word): those above the k-th key, then the
+//    first ties at it. Thread order is index order (each thread's elements
+//    are consecutive).
+// 4. block_radix_sort.cuh orders them by key, stably (ties keep index
+//    order), over the key bits that differ between the k-th key and the
+//    largest, and writes each to its output slot.
+// Deterministic: the selected set and its order follow from the values
+// alone, never from the order of atomics.
+//
+// Per-row lengths: elements at or past len are never counted; a row with
+// len <= k selects all of them; slots [len, k) get the pad value and index -1.
+#pragma once
+
+#include "cuda/block_radix_sort.cuh"
+#include "cuda/primitives.cuh"
+#include "jax_topk/topk_dispatch.h"
+
+namespace jax_topk::cuda {
+
+inline constexpr int kRegisterThreads = kRegisterRowsThreads;
+inline constexpr int kRegisterDigitBits = 11;
+inline constexpr int kRegisterBins = 1 << kRegisterDigitBits;
+static_assert(kRegisterBins == 2 * kRegisterThreads, "the digit pick scans two bins per thread");
+static_assert(kRegisterThreads == kWarpSize * kWarpSize, "one warp scans the warps' totals");
+// The sort's capacity: k <= this, at most two values per thread.
+inline constexpr int kRegisterSortCapacity = int(kRegisterRowsMaxK);
+static_assert(kRegisterSortCapacity <= 2 * kRegisterThreads, "at most two sorted values per thread");
+
+// Phases of the kernel, as PhaseTimer slots (-DJAX_TOPK_PHASE_TIMING).
+enum RegisterPhase : int {
+  kRegisterPhaseLoad = 0,     // the row into registers, its smallest and largest keys
+  kRegisterPhaseSelect = 1,   // the radix passes
+  kRegisterPhaseCompact = 2,  // the k selected into shared memory
+  kRegisterPhaseSort = 3,     // the sort and the writes
+};
+
+struct RegisterRowsShared {
+  union {
+    uint32_t hist[2][kRegisterBins];  // the select's histograms (one being zeroed for the next pass)
+    BlockRadixSortShared<kRegisterThreads> sort;
+  } u;
+  uint64_t selected[kRegisterSortCapacity];  // the k selected, in index order
+  uint32_t warp_totals[kRegisterThreads / kWarpSize];
+  DigitPick pick;
+  uint32_t lo, hi;  // the row's smallest and largest keys
+};
+
+// Keys of elements [first, first + kE) of a row of n elements (0 at and past
+// len, which is <= n): 16-byte loads where the thread's run is whole and
+// aligned, else element by element.
+template <typename U, int kE>
+__device__ JAX_TOPK_FORCE_INLINE void load_row_keys(const U* __restrict__ row, int n, int len, int first,
+                                                    KeyCodec<U> codec, uint32_t (&key)[kE]) {
+  constexpr int kVec = int(16 / sizeof(U));
+  if constexpr (kE % kVec == 0) {
+    if (first + kE <= n && reinterpret_cast<uintptr_t>(row + first) % 16 == 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(row + first);
+      Vec16<U> data[kE / kVec];
+JAX_TOPK_UNROLL
+      for (int v = 0; v < kE / kVec; ++v) data[v].raw = first < len ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+JAX_TOPK_UNROLL
+      for (int v = 0; v < kE / kVec; ++v) {
+JAX_TOPK_UNROLL
+        for (int j = 0; j < kVec; ++j) key[v * kVec + j] = codec.key(data[v].elems[j]);
+      }
+      return;
+    }
+  }
+JAX_TOPK_UNROLL
+  for (int e = 0; e < kE; ++e) key[e] = first + e < len ? uint32_t(codec.key(__ldg(row + first + e))) : 0u;
+}
+
+// The bin of hist[0:kRegisterBins) holding the k_left-th largest counted key
+// (1 <= k_left <= the total), written to *pick. Thread t scans bins
+// 2047 - 2t and 2046 - 2t (from the top), one block scan of the pairs finds
+// the thread holding it. Every thread calls it after the barrier that
+// completes the histogram; it ends with a barrier (*pick visible).
+__device__ JAX_TOPK_FORCE_INLINE void block_pick_digit(const uint32_t* hist, uint32_t k_left,
+                                                       uint32_t* warp_totals, DigitPick* pick) {
+  const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
+  const int top = kRegisterBins - 1 - 2 * tid;
+  const uint32_t upper = hist[top], lower = hist[top - 1];
+  const uint32_t mine = upper + lower;
+  const uint32_t inclusive = warp_inclusive_sum(mine, lane);
+  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  const uint32_t total = warp_totals[lane];
+  const uint32_t warps_inclusive = warp_inclusive_sum(total, lane);
+  const uint32_t above = warp_shfl(warps_inclusive - total, warp) + inclusive - mine;
+  if (above < k_left && k_left <= above + mine) {
+    *pick = above + upper >= k_left ? DigitPick{uint32_t(top), above, upper}
+                                    : DigitPick{uint32_t(top - 1), above + upper, lower};
+  }
+  __syncthreads();
+}
+
+// Sorts ss.selected[0:count) by key (stably, key bits [0, key_bits)) and
+// writes each value to its output slot.
+template <int kItems, typename U>
+__device__ JAX_TOPK_FORCE_INLINE void sort_and_write_selected(RegisterRowsShared& ss, int count, int key_bits,
+                                                              KeyCodec<U> codec, U pad_bits, U* values_row,
+                                                              int32_t* indices_row) {
+  block_radix_sort_desc<kRegisterThreads, kItems>(ss.selected, count, key_bits, ss.u.sort, [&](uint64_t v, int slot) {
+    write_packed_output(v, codec, pad_bits, values_row, indices_row, slot);
+  });
+}
+
+// One block per row (grid-stride over rows); kE elements per thread, n <=
+// kE * kRegisterThreads.
+template <typename U, int kE>
+__global__ void __launch_bounds__(kRegisterThreads, 1)
+    register_topk_rows_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
+                              RowLengths<U> lengths, U* __restrict__ values, int32_t* __restrict__ indices) {
+  static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  constexpr int kKeyBits = int(sizeof(U) * 8);
+  __shared__ RegisterRowsShared ss;
+  const int tid = int(threadIdx.x), lane = lane_id();
+  const int first = tid * kE;
+  if (tid == 0) {
+    ss.lo = ~0u;
+    ss.hi = 0;
+  }
+  __syncthreads();
+  PhaseTimer timer;
+
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int len = int(lengths.of_loaded(row, n));
+    const uint32_t k_eff = uint32_t(min_of<int64_t>(k, len));
+    for (int i = tid; i < kRegisterBins; i += kRegisterThreads) ss.u.hist[0][i] = 0;
+    // 1. The row, and its smallest and largest keys.
+    uint32_t key[kE];
+    load_row_keys<U, kE>(x + row * n, int(n), len, first, codec, key);
+    const int valid = max_of(0, min_of(kE, len - first));
+    uint32_t lo = ~0u, hi = 0;
+JAX_TOPK_UNROLL
+    for (int e = 0; e < kE; ++e) {
+      if (e < valid) {
+        lo = min_of(lo, key[e]);
+        hi = max_of(hi, key[e]);
+      }
+    }
+    lo = warp_reduce_min(lo);
+    hi = warp_reduce_max(hi);
+    if (lane == 0) {
+      atomicMin(&ss.lo, lo);
+      atomicMax(&ss.hi, hi);
+    }
+    __syncthreads();
+    lo = ss.lo;
+    hi = ss.hi;
+    timer.mark(kRegisterPhaseLoad);
+
+    // 2. The select. whole: the last chosen bin is taken whole, so the
+    // selected are the keys whose bits from `shift` up are >= prefix's;
+    // otherwise (all bits chosen) those above prefix and the first k_left
+    // equal to it. A row of len <= k selects everything (shift 0, prefix 0).
+    uint32_t prefix = 0, k_left = k_eff;
+    int shift = 0;
+    bool whole = true;
+    if (k_eff < uint32_t(len) && lo == hi) {  // uniform: all equal, the first k_eff by index
+      prefix = hi;
+      whole = false;
+    } else if (k_eff < uint32_t(len)) {  // uniform
+      shift = 32 - __clz(int(lo ^ hi));  // the bits at and above are common to every key
+      prefix = shift >= kKeyBits ? 0u : (hi >> shift) << shift;
+      for (int pass = 0;; ++pass) {
+        const int width = shift < kRegisterDigitBits ? shift : kRegisterDigitBits;
+        const int low = shift - width;
+        const uint32_t digit_mask = (1u << width) - 1u;
+        uint32_t* h = ss.u.hist[pass & 1];
+JAX_TOPK_UNROLL
+        for (int e = 0; e < kE; ++e) {
+          if (e < valid && key_matches_prefix<U>(key[e], prefix, shift)) atomicAdd(&h[(key[e] >> low) & digit_mask], 1u);
+        }
+        // The other histogram was last read by the previous pass's pick,
+        // which ended with a barrier.
+        uint32_t* next = ss.u.hist[(pass + 1) & 1];
+        for (int i = tid; i < kRegisterBins; i += kRegisterThreads) next[i] = 0;
+        __syncthreads();
+        block_pick_digit(h, k_left, ss.warp_totals, &ss.pick);
+        // Read by everybody before the next pass's first barrier; rewritten
+        // only after its second.
+        const DigitPick pick = ss.pick;
+        prefix |= pick.digit << low;
+        k_left -= pick.above;
+        shift = low;
+        whole = pick.count == k_left;
+        if (whole || shift == 0) break;  // uniform
+      }
+    }
+    timer.mark(kRegisterPhaseSelect);
+
+    // 3. The k_eff selected into ss.selected in index order: those taken
+    // outright at [0, k_eff - ties), the ties (key == prefix, !whole) after
+    // them. Outright keys are above every tie, so a stable sort by key keeps
+    // equal keys in index order.
+    auto outright = [&](uint32_t kv) { return whole ? (kv >> shift) >= (prefix >> shift) : kv > prefix; };
+    uint32_t mine_outright = 0, mine_tied = 0;
+JAX_TOPK_UNROLL
+    for (int e = 0; e < kE; ++e) {
+      if (e < valid) {
+        mine_outright += outright(key[e]) ? 1u : 0u;
+        mine_tied += !whole && key[e] == prefix ? 1u : 0u;
+      }
+    }
+    // One scan of both counts: outright ones total at most k_eff <= 2048,
+    // so the low half never carries into the high one.
+    static_assert(kRegisterRowsMaxK < (1 << 16) && kRegisterRowsMaxN < (1 << 16), "two 16-bit counts per word");
+    const uint32_t before = block_exclusive_sum<kRegisterThreads>(mine_outright | (mine_tied << 16), ss.warp_totals);
+    uint32_t slot = before & 0xffffu, ordinal = before >> 16;
+    const uint32_t first_tie_slot = k_eff - (whole ? 0u : k_left);
+JAX_TOPK_UNROLL
+    for (int e = 0; e < kE; ++e) {
+      if (e >= valid) continue;
+      const P packed = Pack::pack(U(key[e]), uint32_t(first + e));
+      if (outright(key[e])) {
+        ss.selected[slot++] = packed;
+      } else if (!whole && key[e] == prefix) {
+        if (ordinal < k_left) ss.selected[first_tie_slot + ordinal] = packed;
+        ++ordinal;
+      }
+    }
+    // The selected keys lie in [floor, hi]: only the bits below the highest
+    // where floor and hi differ order them.
+    const uint32_t floor = k_eff == uint32_t(len) ? lo : whole ? (prefix >> shift) << shift : prefix;
+    const int sort_bits = k_eff <= 1 || floor == hi ? 0 : 32 - __clz(int(floor ^ hi));
+    if (tid == 0) {  // every thread read them after the load's barrier
+      ss.lo = ~0u;
+      ss.hi = 0;
+    }
+    __syncthreads();
+    timer.mark(kRegisterPhaseCompact);
+
+    // 4. Sort, write; pad slots [k_eff, k).
+    U* values_row = values + row * k;
+    int32_t* indices_row = indices + row * k;
+    if (k_eff <= uint32_t(kRegisterThreads)) {  // uniform
+      sort_and_write_selected<1, U>(ss, int(k_eff), sort_bits, codec, lengths.pad_bits, values_row, indices_row);
+    } else {
+      sort_and_write_selected<2, U>(ss, int(k_eff), sort_bits, codec, lengths.pad_bits, values_row, indices_row);
+    }
+    for (int64_t j = int64_t(k_eff) + tid; j < k; j += kRegisterThreads) {
+      write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
+    }
+    timer.mark(kRegisterPhaseSort);
+    __syncthreads();  // shared memory is reused by the next row
+  }
+}
+
+}  // namespace jax_topk::cuda
