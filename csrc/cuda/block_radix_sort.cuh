@@ -62,7 +62,6 @@ __device__ JAX_TOPK_FORCE_INLINE void block_radix_sort_desc(uint64_t* buf, int c
   static_assert(kThreads % kWarpSize == 0 && kWarps % kPerThread == 0, "whole runs of one digit per thread");
   static_assert(kThreads * kItems <= 0xffff, "16-bit counts");
   const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
-  const unsigned lower_lanes = (1u << lane) - 1u;
   uint64_t v[kItems];
 JAX_TOPK_UNROLL
   for (int i = 0; i < kItems; ++i) {
@@ -88,15 +87,7 @@ JAX_TOPK_UNROLL
     for (int i = 0; i < kItems; ++i) {
       const bool real = warp * kSpan + i * kWarpSize + lane < count;
       const int d = block_radix_digit(v[i], shift);
-      const unsigned peers = lanes_with_same_digit<kBlockRadixDigitBits>(d, warp_ballot(real));
-      const int leader = __ffs(peers) - 1;
-      uint32_t base = 0;
-      if (real && lane == leader) {
-        base = sh.counts[d][warp];
-        sh.counts[d][warp] = uint16_t(base + uint32_t(__popc(peers)));
-      }
-      rank[i] = warp_shfl(base, leader) + uint32_t(__popc(peers & lower_lanes));
-      warp_sync();  // the next item's leaders read what this one's wrote
+      rank[i] = warp_digit_rank<kBlockRadixDigitBits>(d, real, &sh.counts[d][warp]);
     }
     __syncthreads();
     // 2. (digit, warp) starts: thread t holds kPerThread consecutive entries

@@ -267,6 +267,28 @@ JAX_TOPK_UNROLL
   return peers;
 }
 
+// One step of a stable per-warp counting sort: the rank of this lane's item
+// among the warp's items of digit d, after the ones `counter` (the warp's
+// counter for d) already holds and before higher lanes' (position order
+// within the step); the leader of each digit advances its counter. real:
+// the lane holds an item (others get a meaningless rank and count nothing).
+// Every lane of the warp calls it; it ends with warp_sync, so the next
+// step's leaders read what this one's wrote.
+template <int kBits, typename Count>
+__device__ JAX_TOPK_FORCE_INLINE uint32_t warp_digit_rank(int d, bool real, Count* counter) {
+  const int lane = lane_id();
+  const unsigned peers = lanes_with_same_digit<kBits>(d, warp_ballot(real));
+  const int leader = __ffs(peers) - 1;
+  uint32_t base = 0;
+  if (real && lane == leader) {
+    base = *counter;
+    *counter = Count(base + uint32_t(__popc(peers)));
+  }
+  const uint32_t rank = warp_shfl(base, leader) + uint32_t(__popc(peers & ((1u << lane) - 1u)));
+  warp_sync();
+  return rank;
+}
+
 // Whether key's bits at and above `shift` equal prefix's (shift == the key
 // width of U: no bits fixed yet). For radix selects on ordered keys held as
 // 32-bit words.

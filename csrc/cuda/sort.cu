@@ -343,20 +343,11 @@ JAX_TOPK_UNROLL
   }
 
   uint32_t rank[kItems];
-  const unsigned lower_lanes = (1u << lane) - 1u;
 JAX_TOPK_UNROLL
   for (int i = 0; i < kItems; ++i) {
     const bool real = warp * kWarpSpan + i * kWarpSize + lane < count;
     const int d = sort_digit(key[i], shift);
-    const unsigned peers = lanes_with_same_digit<kSortDigitBits>(d, warp_ballot(real));
-    const int leader = __ffs(peers) - 1;
-    uint32_t base = 0;
-    if (lane == leader && real) {
-      base = warp_digit_counts[warp][d];
-      warp_digit_counts[warp][d] = base + uint32_t(__popc(peers));
-    }
-    rank[i] = warp_shfl(base, leader) + uint32_t(__popc(peers & lower_lanes));
-    warp_sync();  // the next item's leaders read the counters this one's wrote
+    rank[i] = warp_digit_rank<kSortDigitBits>(d, real, &warp_digit_counts[warp][d]);
   }
   __syncthreads();
 
