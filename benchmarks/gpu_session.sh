@@ -25,6 +25,8 @@
 #              axis-sharded top_k and routing over every GPU against one
 #   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
 #              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
+#   sanitize_indexer  compute-sanitizer memcheck, racecheck and synccheck over the indexer
+#              kernels (the GPU tests of one tensor-core shape)
 #   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
@@ -142,6 +144,12 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
     indexer)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_indexer 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py
       step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
+    sanitize_indexer)
+      for tool in memcheck racecheck synccheck; do
+        XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TOPK_TEST_PLATFORM=gpu step "${tool}_indexer" 400 \
+          compute-sanitizer --tool "$tool" --error-exitcode 1 --kernel-name kns=indexer \
+          pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py -k "bfloat16-64-128"
+      done ;;
     nsa)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py
       step bench_nsa 500 python3 benchmarks/nsa.py --out "$OUT"

@@ -5,13 +5,14 @@
 // - indexer_scores_mma_kernel (bfloat16, heads a multiple of 16 up to 128,
 //   dim 16, 32, 64 or 128): a block takes one item's queries and scores 512
 //   of its keys, 64 at a time, double-buffered in shared memory by cp.async.
-//   Warp w holds heads 16w..16w+15 as mma.sync A fragments in registers for
-//   the whole block and forms their dots with 64 keys on tensor cores
-//   (m16n8k16, float32 accumulators, dim in steps of 16 in increasing order).
-//   Each thread then has two heads (g, g + 8) of two keys: it adds
+//   Two warps per head tile t hold heads 16t..16t+15 as mma.sync A
+//   fragments in registers for the whole block; each forms their dots with
+//   half of each step's 64 keys on tensor cores (m16n8k16, float32
+//   accumulators, dim in steps of 16 in increasing order). Each thread then
+//   has two heads (g, g + 8) of two keys: it adds
 //   w[g] relu(dot_g) + w[g+8] relu(dot_g+8), the 8 lanes of a key combine
 //   theirs by an xor butterfly (lane bits 4, 8, 16), and one thread per key
-//   adds the warps' sums in warp order. Every step of that order is fixed
+//   adds the head tiles' sums in tile order. Every step of that order is fixed
 //   and the MMA's rounding is the hardware's: a key's score depends on its
 //   item's q, weights and its own key only (batch-invariant), not bit-equal
 //   to the CPU's order.
@@ -31,7 +32,12 @@ namespace jax_topk::cuda {
 namespace {
 
 constexpr int kMmaHeadTile = 16;        // heads per warp: the m of m16n8k16
-constexpr int kMmaMaxWarps = 8;         // heads <= 128
+constexpr int kMmaMaxWarps = 8;         // head tiles: heads <= 128
+// Warps per head tile: each takes its share of a step's 64 keys. Measured on
+// an H200 (ncu, 31 rows of 32K..64K keys, H = 64, D = 128): the score kernel
+// 175-179 us with 2 against 186 with 1, which left 16 of 64 warp slots per
+// SM busy; the indexer call 165.7 against 177.6 us.
+constexpr int kMmaKeySplit = 2;
 constexpr int kMmaStepKeys = 64;        // keys per step: 8 n-tiles of 8
 // 512 keys per block: the queries are loaded once per 512 keys. (256 for
 // short batches, to spread 31 items of 2000..8000 keys over more blocks,
@@ -87,7 +93,7 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 template <int kDim>
-__global__ void __launch_bounds__(kMmaMaxWarps * 32)
+__global__ void __launch_bounds__(kMmaMaxWarps * 32 * kMmaKeySplit)
     indexer_scores_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
                               const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
                               int64_t n, float* __restrict__ scores) {
@@ -97,10 +103,12 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
   extern __shared__ uint4 indexer_smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(indexer_smem);
   uint16_t* keys_s = q_s + heads * kStride;
-  const int warps = heads / kMmaHeadTile;
+  // Warp w: head tile w % tiles, and part w / tiles of each step's keys.
+  const int tiles = heads / kMmaHeadTile;
+  constexpr int kPartKeys = kMmaStepKeys / kMmaKeySplit;
   float* sums_s = reinterpret_cast<float*>(keys_s + 2 * kMmaStepKeys * kStride);
-  float* w_s = sums_s + warps * kMmaStepKeys;
-  const int threads = warps * 32;
+  float* w_s = sums_s + tiles * kMmaStepKeys;
+  const int threads = tiles * kMmaKeySplit * 32;
   const int64_t b = blockIdx.y;
   const int64_t len = min(max(int64_t(__ldg(lengths + b)), int64_t(0)), n);
   const int64_t first = int64_t(blockIdx.x) * kMmaStepKeys * kMmaStepsPerBlock;
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
   for (int h = int(threadIdx.x); h < heads; h += threads) w_s[h] = __ldg(weights + b * heads + h);
   __syncthreads();
 
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int warp = int(threadIdx.x) / 32 % tiles, part = int(threadIdx.x) / 32 / tiles, lane = int(threadIdx.x) % 32;
   // This warp's 16 heads over all of dim, as A fragments (matrices: rows
   // 0-7 / 8-15 by lane bit 3, dims 0-7 / 8-15 by lane bit 4).
   uint32_t a[kSteps][4];
@@ -146,14 +154,14 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
       copy_async_wait<0>();
     }
     __syncthreads();  // this step's keys are in shared memory for every warp
-    const uint16_t* keys_step = keys_s + (step & 1) * kMmaStepKeys * kStride;
-    float acc[kMmaStepKeys / 8][4] = {};
+    const uint16_t* keys_step = keys_s + ((step & 1) * kMmaStepKeys + part * kPartKeys) * kStride;
+    float acc[kPartKeys / 8][4] = {};
     // B matrices of a pair of n-tiles: keys 0-7 / 8-15 by lane bit 4, dims 0-7 / 8-15 by lane bit 3.
     const uint16_t* b_row = keys_step + ((lane >> 4) * 8 + (lane & 7)) * kStride + ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
 #pragma unroll
-      for (int pair = 0; pair < kMmaStepKeys / 16; ++pair) {
+      for (int pair = 0; pair < kPartKeys / 16; ++pair) {
         uint32_t bm[4];
         load_matrices_x4(bm, shared_address(b_row + pair * 16 * kStride + ks * 16));
         mma_bf16_m16n8k16(acc[2 * pair], a[ks], bm[0], bm[1]);
@@ -162,7 +170,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
     }
     // The warp's 16 heads of each key, in the fixed order above.
 #pragma unroll
-    for (int tile = 0; tile < kMmaStepKeys / 8; ++tile) {
+    for (int tile = 0; tile < kPartKeys / 8; ++tile) {
       float sum[2];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -172,8 +180,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
         for (int offset = 4; offset < 32; offset *= 2) sum[j] = __fadd_rn(sum[j], warp_shfl_xor(sum[j], offset));
       }
       if (g == 0) {
-        sums_s[warp * kMmaStepKeys + tile * 8 + 2 * c] = sum[0];
-        sums_s[warp * kMmaStepKeys + tile * 8 + 2 * c + 1] = sum[1];
+        sums_s[warp * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c] = sum[0];
+        sums_s[warp * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c + 1] = sum[1];
       }
     }
     __syncthreads();
@@ -181,7 +189,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32)
     for (int key = int(threadIdx.x); key < kMmaStepKeys; key += threads) {
       if (s0 + key < len) {
         float score = sums_s[key];
-        for (int w = 1; w < warps; ++w) score = __fadd_rn(score, sums_s[w * kMmaStepKeys + key]);
+        for (int w = 1; w < tiles; ++w) score = __fadd_rn(score, sums_s[w * kMmaStepKeys + key]);
         scores[b * n + s0 + key] = score;
       }
     }
@@ -197,7 +205,7 @@ gpuError_t launch_mma_scores(const void* q, const void* keys, const float* weigh
   if (err != gpuSuccess) return err;
   const int64_t per_block = int64_t(kMmaStepKeys) * kMmaStepsPerBlock;
   const dim3 grid(unsigned((n + per_block - 1) / per_block), unsigned(batch));
-  indexer_scores_mma_kernel<kDim><<<grid, unsigned(heads / kMmaHeadTile * 32), smem, stream>>>(
+  indexer_scores_mma_kernel<kDim><<<grid, unsigned(heads / kMmaHeadTile * 32 * kMmaKeySplit), smem, stream>>>(
       static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(keys), weights, lengths, int(heads), n, scores);
   return gpuGetLastError();
 }
