@@ -32,11 +32,11 @@ namespace jax_topk::cuda {
 namespace {
 
 constexpr int kMmaHeadTile = 16;        // heads per warp: the m of m16n8k16
-constexpr int kMmaMaxWarps = 8;         // head tiles: heads <= 128
+constexpr int kMmaMaxHeadTiles = 8;     // heads <= 128
 // Warps per head tile: each takes its share of a step's 64 keys. Measured on
 // an H200 (ncu, 31 rows of 32K..64K keys, H = 64, D = 128): the score kernel
 // 175-179 us with 2 against 186 with 1, which left 16 of 64 warp slots per
-// SM busy; the indexer call 165.7 against 177.6 us.
+// SM busy; the indexer call 163.3-165.7 against 177.6 us.
 constexpr int kMmaKeySplit = 2;
 constexpr int kMmaStepKeys = 64;        // keys per step: 8 n-tiles of 8
 // 512 keys per block: the queries are loaded once per 512 keys. (256 for
@@ -93,7 +93,7 @@ __device__ __forceinline__ void copy_async_wait() {
 }
 
 template <int kDim>
-__global__ void __launch_bounds__(kMmaMaxWarps * 32 * kMmaKeySplit)
+__global__ void __launch_bounds__(kMmaMaxHeadTiles * 32 * kMmaKeySplit)
     indexer_scores_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
                               const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
                               int64_t n, float* __restrict__ scores) {
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32 * kMmaKeySplit)
   extern __shared__ uint4 indexer_smem[];
   uint16_t* q_s = reinterpret_cast<uint16_t*>(indexer_smem);
   uint16_t* keys_s = q_s + heads * kStride;
-  // Warp w: head tile w % tiles, and part w / tiles of each step's keys.
+  // Warp w: head tile w % tiles, and part w / tiles of each step's 64 keys.
   const int tiles = heads / kMmaHeadTile;
   constexpr int kPartKeys = kMmaStepKeys / kMmaKeySplit;
   float* sums_s = reinterpret_cast<float*>(keys_s + 2 * kMmaStepKeys * kStride);
@@ -135,16 +135,17 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32 * kMmaKeySplit)
   for (int h = int(threadIdx.x); h < heads; h += threads) w_s[h] = __ldg(weights + b * heads + h);
   __syncthreads();
 
-  const int warp = int(threadIdx.x) / 32 % tiles, part = int(threadIdx.x) / 32 / tiles, lane = int(threadIdx.x) % 32;
+  const int head_tile = int(threadIdx.x) / 32 % tiles, part = int(threadIdx.x) / 32 / tiles;
+  const int lane = int(threadIdx.x) % 32;
   // This warp's 16 heads over all of dim, as A fragments (matrices: rows
   // 0-7 / 8-15 by lane bit 3, dims 0-7 / 8-15 by lane bit 4).
   uint32_t a[kSteps][4];
-  const uint16_t* a_row = q_s + (warp * kMmaHeadTile + ((lane >> 3) & 1) * 8 + (lane & 7)) * kStride + (lane >> 4) * 8;
+  const uint16_t* a_row = q_s + (head_tile * kMmaHeadTile + ((lane >> 3) & 1) * 8 + (lane & 7)) * kStride + (lane >> 4) * 8;
 #pragma unroll
   for (int ks = 0; ks < kSteps; ++ks) load_matrices_x4(a[ks], shared_address(a_row + ks * 16));
   // Accumulator rows: heads g and g + 8 of the warp's tile; columns: keys 2c, 2c + 1 of each n-tile.
   const int g = lane >> 2, c = lane & 3;
-  const float w_low = w_s[warp * kMmaHeadTile + g], w_high = w_s[warp * kMmaHeadTile + g + 8];
+  const float w_low = w_s[head_tile * kMmaHeadTile + g], w_high = w_s[head_tile * kMmaHeadTile + g + 8];
 
   for (int step = 0; step < steps; ++step) {
     if (step + 1 < steps) {  // uniform
@@ -180,8 +181,8 @@ __global__ void __launch_bounds__(kMmaMaxWarps * 32 * kMmaKeySplit)
         for (int offset = 4; offset < 32; offset *= 2) sum[j] = __fadd_rn(sum[j], warp_shfl_xor(sum[j], offset));
       }
       if (g == 0) {
-        sums_s[warp * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c] = sum[0];
-        sums_s[warp * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c + 1] = sum[1];
+        sums_s[head_tile * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c] = sum[0];
+        sums_s[head_tile * kMmaStepKeys + part * kPartKeys + tile * 8 + 2 * c + 1] = sum[1];
       }
     }
     __syncthreads();
@@ -275,7 +276,7 @@ bool indexer_uses_tensor_cores(DType dtype, int64_t heads, int64_t dim) {
 #if defined(JAX_TOPK_HAS_MMA)
   const bool dim_fits = dim == 16 || dim == 32 || dim == 64 || dim == kMmaMaxDim;
   return dtype == DType::bfloat16 && heads % kMmaHeadTile == 0 && heads > 0 &&
-         heads <= kMmaHeadTile * kMmaMaxWarps && dim_fits;
+         heads <= kMmaHeadTile * kMmaMaxHeadTiles && dim_fits;
 #else
   (void)dtype, (void)heads, (void)dim;
   return false;  // HIP: the exact kernel scores every shape
