@@ -351,13 +351,13 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
     rows = logits.reshape(logits.shape[:-1] + (local // part, part))
     kept = _kept_per_part(k, part, bool(n_groups))
     if bias is not None or n_groups:  # the final selection's key, c = score + bias (a zero bias: c = score exactly)
-        row_bias = jnp.zeros((part,), jnp.float32) if bias is None else bias.reshape(rows.shape)
-        row_normaliser = tuple(jnp.broadcast_to(w[..., None, :], rows.shape[:-1] + w.shape[-1:]) for w in normaliser)
-        _, best = bind_local(rows, row_bias, *row_normaliser, k=kept, score=score, n_groups=0, top_groups=0,
-                             renormalize=False, scale=1.0)
+        rank_bias = jnp.zeros((part,), jnp.float32) if bias is None else bias.reshape(rows.shape)
+        rank_normaliser = tuple(jnp.broadcast_to(w[..., None, :], rows.shape[:-1] + w.shape[-1:]) for w in normaliser)
+        rank_score = score
     else:  # the logits' order
-        _, best = bind_local(rows, no_bias, k=kept, score="sigmoid" if score == "softmax" else score, n_groups=0,
-                             top_groups=0, renormalize=False, scale=1.0)
+        rank_bias, rank_normaliser, rank_score = no_bias, (), "sigmoid" if score == "softmax" else score
+    _, best = bind_local(rows, rank_bias, *rank_normaliser, k=kept, score=rank_score, n_groups=0, top_groups=0,
+                         renormalize=False, scale=1.0)
     best = (best + part * jnp.arange(local // part, dtype=best.dtype)[:, None]).reshape(
         logits.shape[:-1] + (-1,))
 
@@ -374,14 +374,14 @@ def route_candidate_merge(bind_local, operands, axes: tuple[str, ...], *, k, sco
         return weights, ids
     head = gather(logits[..., :min(k, local)])[..., :k]  # experts 0..k-1
     head_row = jnp.concatenate([head, candidates], axis=-1)
-    if normaliser:  # every key NaN (c = NaN + 0): the first k, with the shared shift and sum
-        head_weights, _ = bind_local(head_row, jnp.zeros(head_row.shape[-1:], jnp.float32), *normaliser, k=k,
-                                     score=score, n_groups=0, top_groups=0, renormalize=renormalize, scale=scale)
-        degenerate = ~jnp.isfinite(shift)[..., None]
-    else:  # the row's own shift (the candidates hold its maximum)
-        head_weights, _ = bind_local(head_row, no_bias, k=k, score=score, n_groups=0, top_groups=0,
-                                     renormalize=renormalize, scale=scale)
-        degenerate = ~jnp.isfinite(jnp.max(candidates.astype(jnp.float32), axis=-1, keepdims=True))
+    # Every key NaN (the row's max is NaN or +inf): the first k. With a shared
+    # normaliser the keys are c = NaN + 0 (a zero bias) and the shared shift
+    # and sum weigh them; else the row's own shift (the candidates hold its max).
+    head_bias = jnp.zeros(head_row.shape[-1:], jnp.float32) if normaliser else no_bias
+    head_weights, _ = bind_local(head_row, head_bias, *normaliser, k=k, score=score, n_groups=0, top_groups=0,
+                                 renormalize=renormalize, scale=scale)
+    row_max = shift[..., None] if normaliser else jnp.max(candidates.astype(jnp.float32), axis=-1, keepdims=True)
+    degenerate = ~jnp.isfinite(row_max)
     first = jnp.broadcast_to(jnp.arange(k, dtype=ids.dtype), ids.shape)
     return jnp.where(degenerate, head_weights, weights), jnp.where(degenerate, first, ids)
 

@@ -917,10 +917,15 @@ void print_phases(const unsigned long long* cycles, int64_t rows) {
 }
 #endif
 
+// The regimes the benchmarks time beside the dispatched one, where they hold
+// the shape (where the thresholds between them lie).
+constexpr TopkRegime kComparedRegimes[] = {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock,
+                                           TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow};
+
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
 // padded to 8000, k = 512 (and 1024, and the indexer's 2048), one call with
 // lengths; in every regime that holds.
-void run_ragged_bench(int64_t kK) {
+void run_ragged_bench(int64_t k) {
   constexpr int64_t kRows = 31, kN = 8000;
   std::mt19937_64 rng(3);
   std::uniform_int_distribution<int32_t> length(2000, 8000);
@@ -931,31 +936,30 @@ void run_ragged_bench(int64_t kK) {
   float* values = nullptr;
   int32_t* indices = nullptr;
   int32_t* lengths = nullptr;
-  CHECK_CUDA(cudaMalloc(&values, size_t(kRows * kK) * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&indices, size_t(kRows * kK) * sizeof(int32_t)));
+  CHECK_CUDA(cudaMalloc(&values, size_t(kRows * k) * sizeof(float)));
+  CHECK_CUDA(cudaMalloc(&indices, size_t(kRows * k) * sizeof(int32_t)));
   CHECK_CUDA(cudaMalloc(&lengths, size_t(kRows) * sizeof(int32_t)));
   CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
-  const TopkRegime dispatched = choose_topk_regime(kRows, kN, kK, 4, g_sm_count, g_has_clusters);
+  const TopkRegime dispatched = choose_topk_regime(kRows, kN, k, 4, g_sm_count, g_has_clusters);
   std::vector<TopkRegime> regimes = {dispatched};
-  for (TopkRegime r : {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock, TopkRegime::kClusterRows,
-                       TopkRegime::kRadixSplitRow}) {
+  for (TopkRegime r : kComparedRegimes) {
     if (g_compare_regimes && r != dispatched) regimes.push_back(r);
   }
   for (TopkRegime r : regimes) {
-    if (!topk_regime_holds(r, kN, kK, 4, g_has_clusters)) continue;
-    const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, kK, r);
+    if (!topk_regime_holds(r, kN, k, 4, g_has_clusters)) continue;
+    const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, k, r);
     void* scratch = nullptr;
     if (bytes) CHECK_CUDA(cudaMalloc(&scratch, bytes));
     auto launch = [&](int i) {
       CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, kRows,
-                                           kN, kK, lengths, scratch, bytes, 0, r));
+                                           kN, k, lengths, scratch, bytes, 0, r));
     };
 #if defined(JAX_TOPK_PHASE_TIMING)
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
 #endif
     char label[40];
-    std::snprintf(label, sizeof label, "ragged 31x8000 k%lld", (long long)kK);
+    std::snprintf(label, sizeof label, "ragged 31x8000 k%lld", (long long)k);
     std::printf("%-22s %-20s %10.1f%s\n", label, topk_regime_name(r),
                 median_launch_us(launch, 5, 30), r == dispatched ? "  (dispatched)" : "");
 #if defined(JAX_TOPK_PHASE_TIMING)
@@ -1037,8 +1041,7 @@ void run_bench(const std::string& only) {
     // The other regimes that hold the shape (where the thresholds lie).
     const TopkRegime dispatched = choose_topk_regime(s.rows, s.n, s.k, 4, g_sm_count, g_has_clusters);
     auto time_other_regimes = [&](double floor_us) {
-      for (TopkRegime r : {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock,
-                           TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow}) {
+      for (TopkRegime r : kComparedRegimes) {
         if (r == dispatched || !topk_regime_holds(r, s.n, s.k, 4, g_has_clusters)) continue;
         const size_t bytes_r = jax_topk::cuda::topk_scratch_bytes(DType::float32, s.rows, s.n, s.k, r);
         void* scratch_r = nullptr;

@@ -141,8 +141,8 @@ constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_c
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
-// Largest k: the k selected are sorted in shared memory (two exchange
-// buffers of next_pow2(k) packed values, 32 KB at 2048).
+// Largest k: the k selected are sorted in shared memory by a block radix
+// sort holding at most two packed values per thread (16 KB at 2048).
 inline constexpr int64_t kRegisterRowsMaxK = 2048;
 inline constexpr int64_t kRegisterRowsMinK = 1024;
 inline constexpr int64_t kRegisterRowsMaxRowsPerSm = 1;
