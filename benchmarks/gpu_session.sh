@@ -135,7 +135,7 @@ for s in "$@"; do
     bench_routing)
       step bench_routing 300 python3 benchmarks/routing.py --out "$OUT" ;;
     profile_routing)
-      step profile_routing 300 ncu -k regex:route_tokens --metrics gpu__time_duration.sum,smsp__inst_executed.sum,\
+      step profile_routing 300 ncu -k regex:route_ --metrics gpu__time_duration.sum,smsp__inst_executed.sum,\
 sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_routing.py --calls 2 ;;
     sharded)

@@ -1,5 +1,5 @@
 """Runs each routing benchmark config a few times, for a profiler to time the
-fused kernel alone (e.g. `ncu -k regex:route_tokens --metrics gpu__time_duration.sum`).
+fused kernel alone (e.g. `ncu -k regex:route_ --metrics gpu__time_duration.sum`).
 
     python benchmarks/profile_routing.py [--tokens 16384] [--calls 3]
 """

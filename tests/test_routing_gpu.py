@@ -39,11 +39,13 @@ def assert_gpu_equals_cpu(z, k, bias=None, **kwargs):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("experts,k", [(5, 3), (16, 4), (33, 2), (64, 6), (100, 12), (256, 8), (1000, 32)])
+@pytest.mark.parametrize("experts,k", [(5, 3), (16, 4), (32, 8), (33, 2), (64, 6), (100, 12), (128, 16),
+                                       (256, 8), (512, 9), (1000, 32)])
 def test_gpu_equals_cpu(config, dtype, experts, k, rng):
-    # 5 and 16 experts: several tokens per warp (257 tokens: the last warp is partial). 33, 64,
-    # 100 and 256 experts: routes that rank the logits take 4 lanes per token (lists of 4, 8, 16;
-    # 33 and 100 leave the lanes uneven).
+    # 257 tokens: the last warp is partial. 5 and 16 experts: several tokens per warp. 33..256
+    # experts: routes that rank the logits take 4 lanes per token (lists of 4, 8, 16; 33 and 100
+    # leave the lanes uneven; 128 with k = 16 fills the longest list). 32, 512 and 1000
+    # experts: one warp per token with 1, 16 and 32 slots per lane.
     if config["groups"] and experts % config["groups"][0]:
         pytest.skip("groups must divide the experts")
     z = jnp.asarray(rng.standard_normal((257, experts)) * 3).astype(dtype)
@@ -69,8 +71,10 @@ def test_presets_gpu_equals_cpu(name, rng):
 
 @pytest.mark.parametrize("score", ["softmax", "sigmoid", "sqrt_softplus"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_special_logits_gpu_equals_cpu(score, bias, rng):
-    experts = 48
+@pytest.mark.parametrize("experts", [48, 256])
+def test_special_logits_gpu_equals_cpu(score, bias, experts, rng):
+    # 48 experts: two slots per lane, 6 groups of 8 keeping 2; 256: eight slots, 8 groups of 32
+    # keeping 3.
     z = rng.standard_normal((8, experts)).astype(np.float32)
     z[0] = 0.0  # every logit tied
     z[1, 5] = np.nan
@@ -81,5 +85,6 @@ def test_special_logits_gpu_equals_cpu(score, bias, rng):
     z[6] = np.float32(1e-30) * np.arange(experts)  # denormal-scale differences
     z[7, 3] = -np.nan
     b = jnp.asarray(rng.standard_normal(experts).astype(np.float32) * 0.1) if bias else None
-    for kwargs in (dict(renormalize=True), dict(renormalize=False, n_groups=6, top_groups=2)):
+    groups = (6, 2) if experts == 48 else (8, 3)
+    for kwargs in (dict(renormalize=True), dict(renormalize=False, n_groups=groups[0], top_groups=groups[1])):
         assert_gpu_equals_cpu(jnp.asarray(z), 5, b, score=score, **kwargs)
