@@ -145,6 +145,27 @@ def test_large_magnitude_logits_stay_finite(rng):
         np.testing.assert_array_equal(ids, np_route(np.asarray(z), 4, score=score, renormalize=True)[1])
 
 
+@pytest.mark.parametrize("score,base", [("sigmoid", -88.0), ("sqrt_softplus", -100.0)])
+@pytest.mark.parametrize("groups", [None, (4, 2)])
+def test_subnormal_scores_keep_their_order(score, base, groups):
+    # Scores below 2^-126 (sigmoid(-88) ~ 6e-39; sqrt(softplus(-100)) is the root of the
+    # subnormal exp(-100)): XLA runs CPU kernels with subnormals flushed to zero, which would
+    # tie every expert here at 0 and choose the lowest indices. The kernels compute with IEEE
+    # subnormals on every platform, so the larger logits win, as in numpy.
+    experts, k = 64, 3
+    z = np.full((2, experts), base, np.float32)
+    z[:, [14, 9, 3]] = np.float32(base) + np.float32([1.0, 0.5, 0.25])  # one group of (4, 2)
+    bias = np.zeros(experts, np.float32)  # the selection reads the scores
+    n_groups, top_groups = groups or (None, None)
+    kwargs = dict(score=score, bias=bias, n_groups=n_groups, top_groups=top_groups, renormalize=False)
+    w, ids = jax.jit(lambda z: routing.route(z, k, **kwargs))(jnp.asarray(z))
+    want_w, want_ids = np_route(z, k, **kwargs)
+    np.testing.assert_array_equal(ids, [[14, 9, 3]] * 2)
+    np.testing.assert_array_equal(ids, want_ids)
+    assert np.all(np.asarray(w) > 0)
+    np.testing.assert_allclose(w, want_w, rtol=1e-2)  # subnormal weights carry few significant bits
+
+
 def test_nan_logits_rank_first_and_propagate():
     # Documented: NaN scores rank by the total order (+NaN first), and the
     # weights carry the NaN (renormalising spreads it over the row).

@@ -88,3 +88,48 @@ def test_special_logits_gpu_equals_cpu(score, bias, experts, rng):
     groups = (6, 2) if experts == 48 else (8, 3)
     for kwargs in (dict(renormalize=True), dict(renormalize=False, n_groups=groups[0], top_groups=groups[1])):
         assert_gpu_equals_cpu(jnp.asarray(z), 5, b, score=score, **kwargs)
+
+
+def near_tie_logits(experts, rng):
+    """Rows whose scores lie within a few ulps of each other: all logits equal,
+    logits 1 ulp apart, saturated scores (one float for many logits), scores of
+    1e-6 logits, subnormal scores (XLA flushes those to zero on CPU threads; the
+    kernels must not), and random ones."""
+    rows = np.empty((6, experts), np.float32)
+    rows[0] = 0.25
+    rows[1] = 0.5
+    for e in range(1, experts):
+        rows[1, e] = np.nextafter(rows[1, e - 1], np.float32(np.inf))
+    rows[1] = rng.permutation(rows[1])
+    rows[2] = np.float32(18.0) + rng.standard_normal(experts).astype(np.float32) * np.float32(0.5)
+    rows[3] = rng.standard_normal(experts).astype(np.float32) * np.float32(1e-6)
+    rows[4] = -rng.uniform(80, 110, experts).astype(np.float32)  # scores near the subnormal range
+    rows[5] = rng.standard_normal(experts).astype(np.float32)
+    return rows
+
+
+@pytest.mark.parametrize("score", ["sigmoid", "sqrt_softplus"])
+@pytest.mark.parametrize("bias_kind", ["none", "ulp_steps", "large"])
+@pytest.mark.parametrize("experts,k,groups", [(96, 6, None), (128, 8, (8, 4)), (384, 6, None),
+                                              (320, 7, (10, 4)), (384, 8, (12, 5)), (512, 9, (4, 2))])
+def test_near_ties_gpu_equals_cpu(score, bias_kind, experts, k, groups, rng):
+    # With the bias in ulp steps or large (which rounds the score differences away: ties in c
+    # broken by index), most experts reach the selection threshold: more than the 128
+    # candidates the warp kernel ranks in shared memory (its k-round fallback).
+    if bias_kind == "none" and groups is None:
+        pytest.skip("no bias and no groups: the selection ranks the logits (no scores read)")
+    z = near_tie_logits(experts, rng)
+    if bias_kind == "ulp_steps":  # every c within a few ulps, in a random order
+        bias = np.full(experts, np.float32(0.1))
+        for e in range(1, experts):
+            bias[e] = np.nextafter(bias[e - 1], np.float32(np.inf))
+        bias = rng.permutation(bias)
+    elif bias_kind == "large":
+        bias = (rng.standard_normal(experts) * 1e3).astype(np.float32)
+        bias[: experts // 2] = np.float32(1024.0)
+    else:
+        bias = None
+    n_groups, top_groups = groups or (None, None)
+    for renormalize in (False, True):
+        assert_gpu_equals_cpu(jnp.asarray(z), k, None if bias is None else jnp.asarray(bias), score=score,
+                              n_groups=n_groups, top_groups=top_groups, renormalize=renormalize)

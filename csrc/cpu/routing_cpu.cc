@@ -14,10 +14,47 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace jax_topk::cpu {
 namespace {
 
 namespace rm = route_math;
+
+// XLA runs CPU kernels with subnormals flushed to zero (FTZ and DAZ in x86's
+// MXCSR, FZ in AArch64's FPCR). The routing scores are IEEE arithmetic with
+// subnormals, as the GPU computes them: sqrt(softplus(-100)) is 1.9e-22, not
+// 0 (exp(-100) is subnormal), and under the flush 64 such experts would tie
+// at 0 and select differently from the GPU. Each task restores IEEE behaviour
+// while it runs and puts the caller's mode back.
+class IeeeSubnormals {
+ public:
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
+  IeeeSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero)); }
+  ~IeeeSubnormals() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
+  unsigned saved_;
+#elif defined(__aarch64__)
+  IeeeSubnormals() {
+    asm volatile("mrs %0, fpcr" : "=r"(saved_));
+    asm volatile("msr fpcr, %0" : : "r"(saved_ & ~kFlushToZero));
+  }
+  ~IeeeSubnormals() { asm volatile("msr fpcr, %0" : : "r"(saved_)); }
+
+ private:
+  static constexpr uint64_t kFlushToZero = uint64_t(1) << 24;
+  uint64_t saved_;
+#else
+  IeeeSubnormals() = default;  // (other hosts: left as the caller has it)
+#endif
+ public:
+  IeeeSubnormals(const IeeeSubnormals&) = delete;
+  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+};
 
 // Exact float32 value of a float16 (binary16) element.
 inline float half_bits_to_float(uint16_t h) {
@@ -267,6 +304,7 @@ void route_all(const RouteInputs& in, float* weights, int32_t* ids, const RouteC
   const int64_t tasks = (cfg.tokens + per_task - 1) / per_task;
   const TokenKeysFn token_keys = token_keys_for_this_cpu<D>();
   runner.run(tasks, [&](int64_t task) {
+    const IeeeSubnormals ieee;
     const int64_t begin = task * per_task;
     const int64_t count = std::min(cfg.tokens, begin + per_task) - begin;
     Block b(cfg, count);
@@ -295,6 +333,7 @@ void partial_sums_all(const void* logits, const float* shift, uint32_t* sums, in
                       TaskRunner& runner) {
   const int64_t per_task = std::max<int64_t>(16, (int64_t(1) << 16) / experts);
   runner.run((tokens + per_task - 1) / per_task, [&](int64_t task) {
+    const IeeeSubnormals ieee;
     std::vector<float> z(experts);
     for (int64_t t = task * per_task; t < std::min(tokens, (task + 1) * per_task); ++t) {
       load_logits<D>(logits, t * experts, experts, z.data());

@@ -1,8 +1,10 @@
 // CUDA fused MoE routing: one warp per token. Lane l holds experts l, l + 32,
 // l + 64, ... in registers (coalesced loads, any expert count), scores them
 // with the IEEE-only math of jax_topk/routing.h, and the warp picks the k
-// best (a threshold, then a rank of the few candidates). Routes that rank the
-// logits themselves take 4 lanes per token instead (route_by_logits_kernel).
+// best (a threshold, then a rank of the few candidates). Groups of 32 experts
+// (one slot each) are ranked by warp reductions, others in shared memory.
+// Routes that rank the logits themselves take 4 lanes per token instead
+// (route_by_logits_kernel).
 // The softmax normaliser is summed exactly (route_math::ExactSum: any order
 // gives the same bits) and renormalisations in the canonical order (xor
 // butterfly) that cpu/routing_cpu.cc emulates, so both produce the same bits.
@@ -126,9 +128,23 @@ __device__ __forceinline__ uint64_t kth_lane_best_bound(uint64_t lane_best, int 
   }
 }
 
+// Whether each group is one slot: 32 experts, expert s * 32 + lane in group s
+// (DeepSeek-V3: 8 groups of 32). A group's best two are then two warp
+// reductions over registers (kept_groups_in_registers), and the warp needs no
+// shared group arrays.
+__host__ __device__ inline bool groups_are_slots(const RouteConfig& cfg) {
+  return cfg.n_groups > 0 && cfg.experts == cfg.n_groups * kLanes;
+}
+
+// The groups that mark_kept_groups ranks in shared memory.
+__host__ __device__ inline bool groups_in_shared(const RouteConfig& cfg) {
+  return cfg.n_groups > 0 && !groups_are_slots(cfg);
+}
+
 // Per-warp shared memory. Candidates of the selection (packed, with the value
 // their weight needs), the chosen numerators by output rank, and for groups
-// the token's c and keys and each expert's "in a kept group" flag.
+// ranked in shared memory the token's c and keys and each expert's "in a kept
+// group" flag.
 constexpr int kCandidateCapacity = 128;
 
 struct WarpShared {
@@ -142,24 +158,27 @@ struct WarpShared {
   uint8_t* kept;         // [experts]       (groups only)
 };
 
-__host__ __device__ inline size_t warp_shared_bytes(const RouteConfig& cfg) {
+// `shared_groups`: groups_in_shared(cfg), which a kernel knows from its
+// template arguments (computed in the kernel, its integer division raised the
+// 12-slot kernel from 80 to 92 registers).
+__host__ __device__ inline size_t warp_shared_bytes(const RouteConfig& cfg, bool shared_groups) {
   size_t bytes = kCandidateCapacity * (sizeof(uint64_t) + sizeof(float)) + kRouteMaxK * (sizeof(int32_t) + sizeof(float));
-  if (cfg.n_groups > 0) {
+  if (shared_groups) {
     bytes += size_t(cfg.n_groups) * sizeof(uint64_t) + size_t(cfg.experts) * (sizeof(float) + sizeof(uint32_t) + 1);
   }
   return (bytes + 15) / 16 * 16;
 }
 
-__device__ inline WarpShared carve_warp_shared(unsigned char* base, const RouteConfig& cfg) {
+__device__ inline WarpShared carve_warp_shared(unsigned char* base, const RouteConfig& cfg, bool shared_groups) {
   WarpShared w;
   w.candidate = reinterpret_cast<uint64_t*>(base);
   w.group = w.candidate + kCandidateCapacity;
-  w.candidate_value = reinterpret_cast<float*>(w.group + (cfg.n_groups > 0 ? cfg.n_groups : 0));
+  w.candidate_value = reinterpret_cast<float*>(w.group + (shared_groups ? cfg.n_groups : 0));
   w.chosen_value = w.candidate_value + kCandidateCapacity;
   w.c = w.chosen_value + kRouteMaxK;
-  w.chosen_id = reinterpret_cast<int32_t*>(w.c + (cfg.n_groups > 0 ? cfg.experts : 0));
+  w.chosen_id = reinterpret_cast<int32_t*>(w.c + (shared_groups ? cfg.experts : 0));
   w.key = reinterpret_cast<uint32_t*>(w.chosen_id + kRouteMaxK);
-  w.kept = reinterpret_cast<uint8_t*>(w.key + (cfg.n_groups > 0 ? cfg.experts : 0));
+  w.kept = reinterpret_cast<uint8_t*>(w.key + (shared_groups ? cfg.experts : 0));
   return w;
 }
 
@@ -212,6 +231,33 @@ __device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, i
     }
   }
   warp_sync();
+}
+
+// mark_kept_groups for groups that are slots, in registers: bit s of the
+// result is set when group s is kept. key and c are the lane's experts'
+// selection keys and c values (expert s * 32 + lane is in group s). The same
+// rule: a group's score is its best c plus its second best (ties: the lower
+// expert, which is the lower lane), and the top_groups best groups are kept
+// (ties: the lower group).
+template <int kSlots>
+__device__ __forceinline__ uint32_t kept_groups_in_registers(const RouteConfig& cfg, const uint32_t (&key)[kSlots],
+                                                             const float (&c)[kSlots], int lane) {
+  uint64_t my_group = 0;  // lane g: group g's score, packed with g
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (s < cfg.n_groups) {  // (the same in every lane)
+      const uint32_t best = warp_reduce_max(key[s]);
+      const int winner = __ffs(int(warp_ballot(key[s] == best))) - 1;
+      const uint32_t offered = lane == winner ? 0u : key[s];  // 0: below every key
+      const uint32_t next = warp_reduce_max(offered);
+      const int runner_up = __ffs(int(warp_ballot(offered == next))) - 1;
+      const float score = rm::add(warp_shfl(c[s], winner), warp_shfl(c[s], runner_up));
+      if (lane == s) my_group = rm::pack_candidate(true, rm::selection_key(score), s);
+    }
+  }
+  int rank = 0;  // how many groups beat lane g's
+  for (int j = 0; j < cfg.n_groups; ++j) rank += warp_shfl(my_group, j) > my_group;
+  return warp_ballot(lane < cfg.n_groups && rank < cfg.top_groups);
 }
 
 // The k best candidates (packed; 0 = none) of the warp, best first: lane j < k
@@ -310,13 +356,15 @@ __device__ __forceinline__ void select_in_segment(uint64_t cand, float value, in
 
 // Routes one token: `lane` is the lane within the token's segment of kWidth
 // lanes; `active` is false for a segment past the last token (it computes
-// along, for the shuffles, and stores nothing).
-template <DType D, int kSlots, int kWidth>
+// along, for the shuffles, and stores nothing). kGroupsAreSlots: the route
+// has groups and groups_are_slots() (its groups are ranked in registers).
+template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
 __device__ __forceinline__ void route_token(const RouteInputs& in, float* weights, int32_t* ids,
                                             const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
                                             int lane) {
   const void* logits = in.logits;
   static_assert(kWidth == kLanes || kSlots == 1, "segments of a warp hold one slot per lane");
+  static_assert(kWidth == kLanes || !kGroupsAreSlots, "groups take whole warps");
   const int experts = cfg.experts;
   const bool softmax = cfg.score == RouteScore::kSoftmax;
   const int warp_lane = threadIdx.x % kLanes;
@@ -364,6 +412,7 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
   if (cfg.selects_by_score()) {
     const float* b = in.bias ? in.bias + token * cfg.bias_token_stride : nullptr;
     uint32_t key[kSlots];
+    float c_of[kSlots];  // (read only where the groups are slots)
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kWidth + lane;
@@ -371,14 +420,18 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
       const float sv = softmax ? float(rm::div(double(value[s]), softmax_sum)) : value[s];
       const float c = (b && active && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
       key[s] = rm::selection_key(c);
-      if constexpr (kWidth == kLanes) {
+      c_of[s] = c;
+      if constexpr (kWidth == kLanes && !kGroupsAreSlots) {
         if (cfg.n_groups > 0 && e < experts) {
           sh.c[e] = c;
           sh.key[e] = key[s];
         }
       }
     }
-    if constexpr (kWidth == kLanes) {  // the launcher keeps groups on whole warps
+    uint32_t kept_slots = 0;  // (groups that are slots) bit s: group s is kept
+    if constexpr (kGroupsAreSlots) {
+      kept_slots = kept_groups_in_registers<kSlots>(cfg, key, c_of, lane);
+    } else if constexpr (kWidth == kLanes) {  // the launcher keeps groups on whole warps
       if (cfg.n_groups > 0) {
         warp_sync();
         mark_kept_groups(cfg, sh, lane);
@@ -388,7 +441,11 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kWidth + lane;
       bool eligible = true;
-      if constexpr (kWidth == kLanes) eligible = cfg.n_groups == 0 || (e < experts && sh.kept[e]);
+      if constexpr (kGroupsAreSlots) {
+        eligible = (kept_slots >> s) & 1u;
+      } else if constexpr (kWidth == kLanes) {
+        eligible = cfg.n_groups == 0 || (e < experts && sh.kept[e]);
+      }
       cand[s] = e < experts ? rm::pack_candidate(eligible, key[s], e) : 0;
     }
   } else {
@@ -424,7 +481,7 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
   }
 }
 
-template <DType D, int kSlots, int kWidth>
+template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
 __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
     route_tokens_kernel(RouteInputs in, float* __restrict__ weights, int32_t* __restrict__ ids, RouteConfig cfg) {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
@@ -432,14 +489,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   const int lane = threadIdx.x % kWidth;
   const int segment = (threadIdx.x % kLanes) / kWidth;
   const int warp = threadIdx.x / kLanes;
-  const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg), cfg);
+  const bool shared_groups = cfg.n_groups > 0 && !kGroupsAreSlots;  // groups_in_shared(cfg)
+  const WarpShared sh =
+      carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, shared_groups), cfg, shared_groups);
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kTokensPerWarp;
   // The loop bound is the same for the whole warp (its shuffles need every lane).
   for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kTokensPerWarp; first < cfg.tokens;
        first += stride) {
     const int64_t token = first + segment;
-    route_token<D, kSlots, kWidth>(in, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
-    if (cfg.n_groups > 0) warp_sync();  // sh.c, sh.key and sh.kept are rewritten by the next token
+    route_token<D, kSlots, kWidth, kGroupsAreSlots>(in, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
+    if (cfg.n_groups > 0 && !kGroupsAreSlots) warp_sync();  // sh.c, sh.key and sh.kept are rewritten by the next token
   }
 }
 
@@ -585,25 +644,37 @@ unsigned grid_blocks(int64_t tokens, int64_t tokens_per_block, const DeviceInfo&
   return unsigned(std::min<int64_t>(needed, int64_t(dev.sm_count) * 16));
 }
 
-template <DType D, int kSlots, int kWidth = kLanes>
-gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, gpuStream_t stream) {
+template <DType D, int kSlots, int kWidth = kLanes, bool kGroupsAreSlots = false>
+gpuError_t launch_kernel(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
+                         gpuStream_t stream) {
   DeviceInfo dev;
   gpuError_t err = query_device(&dev);
   if (err != gpuSuccess) return err;
-  const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg);
+  const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg, groups_in_shared(cfg));
   if (smem > size_t(dev.max_shared_optin)) return gpuErrorInvalidValue;
   if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
     static bool opted_in = false;
     if (!opted_in) {
-      err = gpu_set_max_dynamic_smem(route_tokens_kernel<D, kSlots, kWidth>, dev.max_shared_optin);
+      err = gpu_set_max_dynamic_smem(route_tokens_kernel<D, kSlots, kWidth, kGroupsAreSlots>, dev.max_shared_optin);
       if (err != gpuSuccess) return err;
       opted_in = true;
     }
   }
   const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kWidth), dev);
-  route_tokens_kernel<D, kSlots, kWidth>
+  route_tokens_kernel<D, kSlots, kWidth, kGroupsAreSlots>
       <<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(in, weights, ids, cfg);
   return gpuGetLastError();
+}
+
+// A warp per token with kSlots slots per lane (or, kWidth < 32, several
+// tokens per warp); groups that are slots take the kernel that ranks them in
+// registers.
+template <DType D, int kSlots, int kWidth = kLanes>
+gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, gpuStream_t stream) {
+  if constexpr (kWidth == kLanes) {
+    if (groups_are_slots(cfg)) return launch_kernel<D, kSlots, kLanes, true>(in, weights, ids, cfg, stream);
+  }
+  return launch_kernel<D, kSlots, kWidth>(in, weights, ids, cfg, stream);
 }
 
 template <DType D, int kList>
