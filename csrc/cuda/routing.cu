@@ -413,10 +413,18 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
     const float* b = in.bias ? in.bias + token * cfg.bias_token_stride : nullptr;
     uint32_t key[kSlots];
     float c_of[kSlots];  // (read only where the groups are slots)
+    // The scores, one branch on their kind for all slots (a branch per slot
+    // cost ~5 instructions each).
+    if (cfg.score == RouteScore::kSigmoid) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) value[s] = rm::sigmoid(z[s]);
+    } else if (cfg.score == RouteScore::kSqrtSoftplus) {
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) value[s] = rm::sqrt_softplus(z[s]);
+    }
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
       const int e = s * kWidth + lane;
-      if (!softmax) value[s] = score_of(cfg.score, z[s]);
       const float sv = softmax ? float(rm::div(double(value[s]), softmax_sum)) : value[s];
       const float c = (b && active && e < experts) ? rm::add(sv, __ldg(b + e)) : sv;
       key[s] = rm::selection_key(c);
