@@ -26,8 +26,8 @@ namespace rm = route_math;
 // XLA runs CPU kernels with subnormals flushed to zero (FTZ and DAZ in x86's
 // MXCSR, FZ in AArch64's FPCR). The routing scores are IEEE arithmetic with
 // subnormals, as the GPU computes them: sqrt(softplus(-100)) is 1.9e-22, not
-// 0 (exp(-100) is subnormal), and under the flush 64 such experts would tie
-// at 0 and select differently from the GPU. Each task restores IEEE behaviour
+// 0 (exp(-100) is subnormal), and under the flush a row of such scores would
+// tie at 0 and select differently from the GPU. Each task restores IEEE behaviour
 // while it runs and puts the caller's mode back.
 class IeeeSubnormals {
  public:

@@ -136,9 +136,12 @@ __host__ __device__ inline bool groups_are_slots(const RouteConfig& cfg) {
   return cfg.n_groups > 0 && cfg.experts == cfg.n_groups * kLanes;
 }
 
-// The groups that mark_kept_groups ranks in shared memory.
+// Whether route_tokens_kernel<..., kGroupsAreSlots> ranks groups in shared
+// memory (mark_kept_groups): the launcher gives groups that are slots the
+// kernel that ranks them in registers.
+template <bool kGroupsAreSlots>
 __host__ __device__ inline bool groups_in_shared(const RouteConfig& cfg) {
-  return cfg.n_groups > 0 && !groups_are_slots(cfg);
+  return cfg.n_groups > 0 && !kGroupsAreSlots;
 }
 
 // Per-warp shared memory. Candidates of the selection (packed, with the value
@@ -158,9 +161,7 @@ struct WarpShared {
   uint8_t* kept;         // [experts]       (groups only)
 };
 
-// `shared_groups`: groups_in_shared(cfg), which a kernel knows from its
-// template arguments (computed in the kernel, its integer division raised the
-// 12-slot kernel from 80 to 92 registers).
+// `shared_groups`: the kernel's groups_in_shared().
 __host__ __device__ inline size_t warp_shared_bytes(const RouteConfig& cfg, bool shared_groups) {
   size_t bytes = kCandidateCapacity * (sizeof(uint64_t) + sizeof(float)) + kRouteMaxK * (sizeof(int32_t) + sizeof(float));
   if (shared_groups) {
@@ -497,7 +498,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   const int lane = threadIdx.x % kWidth;
   const int segment = (threadIdx.x % kLanes) / kWidth;
   const int warp = threadIdx.x / kLanes;
-  const bool shared_groups = cfg.n_groups > 0 && !kGroupsAreSlots;  // groups_in_shared(cfg)
+  const bool shared_groups = groups_in_shared<kGroupsAreSlots>(cfg);
   const WarpShared sh =
       carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, shared_groups), cfg, shared_groups);
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kTokensPerWarp;
@@ -658,7 +659,7 @@ gpuError_t launch_kernel(const RouteInputs& in, float* weights, int32_t* ids, co
   DeviceInfo dev;
   gpuError_t err = query_device(&dev);
   if (err != gpuSuccess) return err;
-  const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg, groups_in_shared(cfg));
+  const size_t smem = kWarpsPerBlock * warp_shared_bytes(cfg, groups_in_shared<kGroupsAreSlots>(cfg));
   if (smem > size_t(dev.max_shared_optin)) return gpuErrorInvalidValue;
   if (smem > 48 * 1024) {  // one opt-in per kernel, at the device maximum (the attribute is per kernel)
     static bool opted_in = false;
