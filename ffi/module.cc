@@ -129,6 +129,13 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["warp_sort_always_n"] = jax_topk::kWarpSortAlwaysN;
         t["radix_split_min_n"] = jax_topk::kRadixSplitMinN;
         t["warp_select_max_n"] = jax_topk::kWarpSelectMaxN;
+        // Where the warp-select kernel's lanes per row change (4, 8, 16, 32),
+        // and its largest k thresholded by rounds of a warp maximum.
+        for (int lanes = 4; lanes <= 16; lanes *= 2) {
+          t[("warp_select_" + std::to_string(lanes) + "_lanes_max_n").c_str()] =
+              lanes * jax_topk::kWarpSelectElemsPerLane;
+        }
+        t["warp_select_redux_max_k"] = jax_topk::kWarpSelectReduxMaxK;
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
         t["cluster_min_n"] = jax_topk::kClusterMinN;

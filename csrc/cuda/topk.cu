@@ -182,8 +182,11 @@ gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t r
   switch (slots) {
     JAX_TOPK_WARP_SELECT_CASE(4)
     JAX_TOPK_WARP_SELECT_CASE(8)
+    JAX_TOPK_WARP_SELECT_CASE(12)
     JAX_TOPK_WARP_SELECT_CASE(16)
+    JAX_TOPK_WARP_SELECT_CASE(24)
     JAX_TOPK_WARP_SELECT_CASE(32)
+    JAX_TOPK_WARP_SELECT_CASE(48)
     JAX_TOPK_WARP_SELECT_CASE(64)
     default:
       return gpuErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64

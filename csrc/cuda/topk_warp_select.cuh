@@ -37,6 +37,7 @@
 #pragma once
 
 #include "cuda/primitives.cuh"
+#include "jax_topk/topk_dispatch.h"
 
 namespace jax_topk::cuda {
 
@@ -67,23 +68,53 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int ws_valid_slots(int n, int gl, int
   return v < E ? v : E;
 }
 
-// Lane count and groups per lane for a row of n with k <= 32: about 8
-// elements per lane, at least k lanes, and two groups per lane when k > L/2
-// (more groups than k keeps the candidate count near k).
-JAX_TOPK_HOST_DEVICE inline int ws_lanes(int64_t n, int64_t k) {
+// Lane count for a row of n with k <= 32: the fewest lanes (4..32) holding
+// at most `elems_per_lane` elements each (kWarpSelectElemsPerLane); then
+// 2k lanes, so that one group maximum per lane gives the threshold (2k
+// maxima keep the candidate count near k), while each lane keeps at least 4
+// elements; and never fewer than k lanes. Fewer lanes per row put more rows
+// in a warp, which then share the per-row work (threshold sort, scan, rank).
+// (2k lanes over 4 elements each: 4096x64 k16 on 32 lanes took 7.3 us on an
+// H200 against 5.1 on 16.)
+JAX_TOPK_HOST_DEVICE inline int ws_lanes(int64_t n, int64_t k,
+                                         int64_t elems_per_lane = kWarpSelectElemsPerLane) {
   int lanes = 4;
-  while (lanes < 32 && n > lanes * 8) lanes *= 2;
+  while (lanes < 32 && n > lanes * elems_per_lane) lanes *= 2;
+  while (lanes < 32 && lanes < 2 * k && n >= 8 * int64_t(lanes)) lanes *= 2;
   while (lanes < 32 && lanes < k) lanes *= 2;
   return lanes;
 }
+// Two groups per lane (even and odd slots) when one maximum per lane gives
+// fewer than 2k.
 JAX_TOPK_HOST_DEVICE inline bool ws_two_groups(int lanes, int64_t k) { return 2 * k > lanes; }
 
-// Slots per lane: the smallest power of two >= ceil(n / lanes) and >= one
-// 16-byte vector of U.
+// Whether tier 1's key threshold comes from k - 1 rounds of a warp maximum
+// (ws_warp_kth_or_lower) rather than the bitonic sort of the lanes' maxima:
+// whole-warp rows, one group per lane, small k. On an H200 (ncu, base
+// clocks) the rounds took 16384x256 k8 on 32 lanes from 16.3 to 15.6 us and
+// 16384x384 k6 from 17.4 to 16.6, but k = 16 from 12.1 to 12.4 (4096x1024)
+// and 18.8 to 19.8 (8192x1024): 15 rounds of a dependent REDUX cost more
+// than the 15-stage sort. Host-callable so the host simulation mirrors it.
+JAX_TOPK_HOST_DEVICE inline bool ws_threshold_by_warp_maxima(int log2_lanes, bool two_groups,
+                                                              int64_t k) {
+  return log2_lanes == 5 && !two_groups && k <= kWarpSelectReduxMaxK;
+}
+
+// Slots per lane the kernel is instantiated for: 4, 8, 12, 16, 24, 32, 48,
+// 64 (powers of two and their midpoints, so that a row of 384 takes 24 slots
+// on 16 lanes rather than 32).
+JAX_TOPK_HOST_DEVICE constexpr int ws_next_slot_count(int e) {
+  return (e & (e - 1)) == 0 ? (e < 8 ? 8 : e + e / 2) : e + e / 3;
+}
+inline constexpr int kWsMaxSlots = 64;
+
+// Slots per lane: the smallest instantiated count >= ceil(n / lanes) that is
+// whole 16-byte vectors of U (vec elements each); 0 when none holds the row.
 JAX_TOPK_HOST_DEVICE inline int ws_slots(int64_t n, int lanes, int vec) {
-  int e = vec;
-  while (int64_t(e) * lanes < n) e *= 2;
-  return e;
+  for (int e = 4; e <= kWsMaxSlots; e = ws_next_slot_count(e)) {
+    if (e % vec == 0 && int64_t(e) * lanes >= n) return e;
+  }
+  return 0;
 }
 
 // Shared-memory candidate capacity per row.
@@ -275,6 +306,28 @@ JAX_TOPK_UNROLL
   }
 }
 
+// Inclusive prefix sum over each group of L lanes, and the group's total in
+// every lane. Unrolled per L like the sort (a run-time width is a loop).
+template <int L>
+__device__ JAX_TOPK_FORCE_INLINE int ws_group_scan_l(int v, int gl, int group_base, int* total) {
+  const int incl = warp_inclusive_sum(v, gl, L);
+  *total = warp_shfl(incl, group_base + L - 1);
+  return incl;
+}
+
+// Exclusive prefix of `v` over the row's group, and the group's total.
+__device__ JAX_TOPK_FORCE_INLINE int ws_group_scan(int v, int gl, int group_base, int log2_lanes,
+                                                  int* total) {
+  int incl;
+  switch (log2_lanes) {  // uniform
+    case 2: incl = ws_group_scan_l<4>(v, gl, group_base, total); break;
+    case 3: incl = ws_group_scan_l<8>(v, gl, group_base, total); break;
+    case 4: incl = ws_group_scan_l<16>(v, gl, group_base, total); break;
+    default: incl = ws_group_scan_l<32>(v, gl, group_base, total); break;
+  }
+  return incl - v;
+}
+
 template <int R, typename T>
 __device__ JAX_TOPK_FORCE_INLINE void ws_group_sort_desc(T (&v)[R], int gl, int log2_lanes) {
   switch (log2_lanes) {  // uniform
@@ -298,10 +351,29 @@ __device__ JAX_TOPK_FORCE_INLINE T ws_kth(const T (&v)[R], int group_base, int k
   }
 }
 
+// The k-th largest of one 32-bit value per lane of a whole warp, or lower:
+// k - 1 rounds each drop the warp's maximum (one REDUX), so lanes tied at a
+// maximum leave together and the result can only fall below the k-th
+// largest, which keeps it a safe threshold (ties are what tier 2 is for).
+// Used for the key threshold of whole-warp rows with one group per lane and
+// k <= kWarpSelectReduxMaxK (ws_threshold_by_warp_maxima).
+__device__ JAX_TOPK_FORCE_INLINE uint32_t ws_warp_kth_or_lower(uint32_t v, int k) {
+  for (int r = 1; r < k; ++r) {
+    const uint32_t m = warp_reduce_max(v);
+    v = v == m ? 0u : v;
+  }
+  return warp_reduce_max(v);
+}
+
 // Threshold from the group maxima m0 (even slots), m1 (odd slots).
 template <typename T>
 __device__ JAX_TOPK_FORCE_INLINE T ws_threshold(T m0, T m1, bool two_groups, int gl, int log2_lanes,
                                                int group_base, int k) {
+  if constexpr (sizeof(T) == 4) {
+    if (ws_threshold_by_warp_maxima(log2_lanes, two_groups, k)) {
+      return ws_warp_kth_or_lower(max_of(m0, m1), k);
+    }
+  }
   if (two_groups) {
     T v[2] = {m0, m1};
     ws_group_sort_desc<2>(v, gl, log2_lanes);
@@ -346,13 +418,8 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
   const uint32_t t = ws_threshold(km0, km1, two_groups, gl, log2_lanes, group_base, k);
   M cand = ws_key_candidates(key, t) & valid_mask;
 
-  auto group_scan = [&](int mine, int* total) {
-    const int incl = warp_inclusive_sum(mine, gl, L);
-    *total = warp_shfl(incl, group_base + L - 1);
-    return incl - mine;
-  };
   int total = 0;
-  int offset = group_scan(ws_popc(cand), &total);
+  int offset = ws_group_scan(ws_popc(cand), gl, group_base, log2_lanes, &total);
   bool overflow = warp_any(total > capacity);
   if (overflow) {
     // Tier 2: threshold on packed values (ties broken by index).
@@ -360,7 +427,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     ws_packed_maxima(key, gl, L, kVec, vectorised, valid_slots, pm0, pm1);
     const uint64_t t64 = ws_threshold(pm0, pm1, two_groups, gl, log2_lanes, group_base, k);
     cand = ws_packed_candidates(key, gl, L, kVec, vectorised, t64) & valid_mask;
-    offset = group_scan(ws_popc(cand), &total);
+    offset = ws_group_scan(ws_popc(cand), gl, group_base, log2_lanes, &total);
     overflow = warp_any(total > capacity);
   }
   const int64_t out = row * int64_t(k);

@@ -193,12 +193,12 @@ bool sim_warp_sort_any(const std::vector<U>& row, int64_t len, int64_t k, bool v
 // tier_out: 1, 2 or 3, the tier that produced the answer.
 template <KeyKind Kind, typename U, int E>
 bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised,
-                       int capacity, int* tier_out) {
+                       int capacity, int64_t elems_per_lane, int* tier_out) {
   using M = WsMask<E>;
   constexpr int kVec = int(16 / sizeof(U));
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int n = int(row.size());
-  const int L = ws_lanes(n, k);
+  const int L = ws_lanes(n, k, elems_per_lane);
   const bool two = ws_two_groups(L, k);
   if (ws_slots(n, L, kVec) != E) return false;
   std::vector<std::array<uint32_t, E>> keys(static_cast<size_t>(L));
@@ -234,6 +234,16 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
       } else {
         all.push_back(std::max(m.first, m.second));
       }
+    }
+    int log2_lanes = 0;
+    while ((1 << log2_lanes) < L) ++log2_lanes;
+    if (sizeof(T) == 4 && ws_threshold_by_warp_maxima(log2_lanes, two, k)) {
+      // ws_warp_kth_or_lower: k - 1 rounds drop every lane at the maximum.
+      for (int64_t r = 1; r < k; ++r) {
+        const T m = *std::max_element(all.begin(), all.end());
+        for (T& v : all) v = v == m ? T(0) : v;
+      }
+      return *std::max_element(all.begin(), all.end());
     }
     std::sort(all.begin(), all.end(), [](T a, T b) { return a > b; });
     return all[size_t(k - 1)];
@@ -327,15 +337,18 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
 
 template <KeyKind Kind, typename U>
 bool sim_warp_select(const std::vector<U>& row, int64_t len, int64_t k, bool vectorised,
-                     int capacity, int* tier) {
+                     int capacity, int* tier, int64_t epl = kWarpSelectElemsPerLane) {
   constexpr int kVec = int(16 / sizeof(U));
   const int n = int(row.size());
-  switch (ws_slots(n, ws_lanes(n, k), kVec)) {
-    case 4: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 4>(row, len, k, vectorised, capacity, tier); break;
-    case 8: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 8>(row, len, k, vectorised, capacity, tier); break;
-    case 16: return sim_warp_select_e<Kind, U, 16>(row, len, k, vectorised, capacity, tier);
-    case 32: return sim_warp_select_e<Kind, U, 32>(row, len, k, vectorised, capacity, tier);
-    case 64: return sim_warp_select_e<Kind, U, 64>(row, len, k, vectorised, capacity, tier);
+  switch (ws_slots(n, ws_lanes(n, k, epl), kVec)) {
+    case 4: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 4>(row, len, k, vectorised, capacity, epl, tier); break;
+    case 8: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 8>(row, len, k, vectorised, capacity, epl, tier); break;
+    case 12: if constexpr (kVec <= 4) return sim_warp_select_e<Kind, U, 12>(row, len, k, vectorised, capacity, epl, tier); break;
+    case 16: return sim_warp_select_e<Kind, U, 16>(row, len, k, vectorised, capacity, epl, tier);
+    case 24: if constexpr (kVec <= 8) return sim_warp_select_e<Kind, U, 24>(row, len, k, vectorised, capacity, epl, tier); break;
+    case 32: return sim_warp_select_e<Kind, U, 32>(row, len, k, vectorised, capacity, epl, tier);
+    case 48: return sim_warp_select_e<Kind, U, 48>(row, len, k, vectorised, capacity, epl, tier);
+    case 64: return sim_warp_select_e<Kind, U, 64>(row, len, k, vectorised, capacity, epl, tier);
   }
   return false;
 }
@@ -820,6 +833,14 @@ void run_width(std::mt19937_64& rng) {
             report<U>(sim_warp_select<Kind, U>(row, n, k, vec == 1, capacity, &tier), "warp_select", n, k, pattern, capacity * 2 + vec);
             ++g_tiers[tier];
             if (capacity == ws_capacity(n) && tier == 3) ++g_natural_tier3;
+          }
+        }
+        // Other lane counts per row (the slot counts between powers of two).
+        for (int64_t epl : {int64_t(4), int64_t(8), int64_t(16), int64_t(32), int64_t(64)}) {
+          for (int vec = 0; vec < (vec_ok ? 2 : 1); ++vec) {
+            int tier = 0;
+            report<U>(sim_warp_select<Kind, U>(row, n, k, vec == 1, ws_capacity(n), &tier, epl), "warp_select(lanes)", n, k, pattern, int(epl) * 2 + vec);
+            ++g_tiers[tier];
           }
         }
       }

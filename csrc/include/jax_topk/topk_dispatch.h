@@ -19,7 +19,9 @@ enum class TopkRegime : int {
   kTinyRows = 1,         // a group of 4..16 lanes per row (several rows per warp),
                          // per-lane sorted lists in registers + shuffle merges
   kSmallK = 2,           // the same kernel with a whole warp per row, plus a
-                         // warp-wide pruning threshold
+                         // warp-wide pruning threshold. (Rows of at most
+                         // kWarpSelectMaxN take the threshold-filter kernel in
+                         // both regimes, with its own lanes per row: ws_lanes.)
   kRadixRowPerBlock = 3, // radix select, one block per row, all passes in one kernel
   kRadixSplitRow = 4,    // radix select, several blocks per row, one launch per pass
   kThresholdRowPerBlock = 5,  // one block per row: group-maxima threshold, one
@@ -64,6 +66,17 @@ inline constexpr int64_t kWarpSortMinRowsPerSm = 4;
 // row in registers, at most 64 slots per lane); longer warp-regime rows take
 // the register-list kernel (warp_sort).
 inline constexpr int64_t kWarpSelectMaxN = 2048;
+// Most elements per lane the threshold-filter kernel gives a row when it
+// chooses how many lanes share it (ws_lanes in topk_warp_select.cuh, which
+// then widens the group towards 2k lanes). Measured on an H200 (benchmarks/results/NOTES.md,
+// fifteenth session; ncu, base clocks) against 8, 16 and 32: 24 puts
+// 16384x256 k8 on 16 lanes (13.3 us, from 15.6 on 32), 16384x384 k6 on 16
+// lanes of 24 slots (14.1 from 16.6), 16384x64 k2 on 4 lanes (6.3-6.7 from
+// 6.7), and keeps 16384x128 k8 on 16 lanes of 8 (10.9; 12.1 on 8 lanes).
+inline constexpr int64_t kWarpSelectElemsPerLane = 24;
+// Largest k whose whole-warp key threshold is found by rounds of a warp
+// maximum (topk_warp_select.cuh, ws_threshold_by_warp_maxima).
+inline constexpr int64_t kWarpSelectReduxMaxK = 8;
 
 // --- Radix regimes ---------------------------------------------------------
 // With at least this many rows per SM, one block per row fills the chip.
