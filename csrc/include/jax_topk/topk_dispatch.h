@@ -68,8 +68,9 @@ inline constexpr int64_t kWarpSortMinRowsPerSm = 4;
 inline constexpr int64_t kWarpSelectMaxN = 2048;
 // Most elements per lane the threshold-filter kernel gives a row when it
 // chooses how many lanes share it (ws_lanes in topk_warp_select.cuh, which
-// then widens the group towards 2k lanes). Measured on an H200 (benchmarks/results/NOTES.md,
-// fifteenth session; ncu, base clocks) against 8, 16 and 32: 24 puts
+// then widens the group towards 2k lanes). Measured on an H200
+// (benchmarks/results/NOTES.md, fifteenth session; ncu, base clocks)
+// against 8, 16 and 32: 24 puts
 // 16384x256 k8 on 16 lanes (13.3 us, from 15.6 on 32), 16384x384 k6 on 16
 // lanes of 24 slots (14.1 from 16.6), 16384x64 k2 on 4 lanes (6.3-6.7 from
 // 6.7), and keeps 16384x128 k8 on 16 lanes of 8 (10.9; 12.1 on 8 lanes).
