@@ -306,36 +306,34 @@ JAX_TOPK_UNROLL
   }
 }
 
-// Inclusive prefix sum over each group of L lanes, and the group's total in
-// every lane. Unrolled per L like the sort (a run-time width is a loop).
-template <int L>
-__device__ JAX_TOPK_FORCE_INLINE int ws_group_scan_l(int v, int gl, int group_base, int* total) {
-  const int incl = warp_inclusive_sum(v, gl, L);
-  *total = warp_shfl(incl, group_base + L - 1);
-  return incl;
+// Calls f(std::integral_constant<int, L>{}) with the group's lane count L =
+// 1 << log2_lanes (4..32) as a compile-time constant: shuffle networks over a
+// run-time width are loops and per-stage branches. log2_lanes is uniform.
+template <typename F>
+__device__ JAX_TOPK_FORCE_INLINE void ws_with_lanes(int log2_lanes, F&& f) {
+  switch (log2_lanes) {
+    case 2: f(std::integral_constant<int, 4>{}); break;
+    case 3: f(std::integral_constant<int, 8>{}); break;
+    case 4: f(std::integral_constant<int, 16>{}); break;
+    default: f(std::integral_constant<int, 32>{}); break;
+  }
 }
 
-// Exclusive prefix of `v` over the row's group, and the group's total.
+// Exclusive prefix of `v` over the row's group of lanes, and the group's
+// total in every lane.
 __device__ JAX_TOPK_FORCE_INLINE int ws_group_scan(int v, int gl, int group_base, int log2_lanes,
                                                   int* total) {
-  int incl;
-  switch (log2_lanes) {  // uniform
-    case 2: incl = ws_group_scan_l<4>(v, gl, group_base, total); break;
-    case 3: incl = ws_group_scan_l<8>(v, gl, group_base, total); break;
-    case 4: incl = ws_group_scan_l<16>(v, gl, group_base, total); break;
-    default: incl = ws_group_scan_l<32>(v, gl, group_base, total); break;
-  }
+  int incl = v;
+  ws_with_lanes(log2_lanes, [&](auto lanes) {
+    incl = warp_inclusive_sum(v, gl, lanes());
+    *total = warp_shfl(incl, group_base + lanes() - 1);
+  });
   return incl - v;
 }
 
 template <int R, typename T>
 __device__ JAX_TOPK_FORCE_INLINE void ws_group_sort_desc(T (&v)[R], int gl, int log2_lanes) {
-  switch (log2_lanes) {  // uniform
-    case 2: ws_group_sort_desc_l<R, 4>(v, gl); break;
-    case 3: ws_group_sort_desc_l<R, 8>(v, gl); break;
-    case 4: ws_group_sort_desc_l<R, 16>(v, gl); break;
-    default: ws_group_sort_desc_l<R, 32>(v, gl); break;
-  }
+  ws_with_lanes(log2_lanes, [&](auto lanes) { ws_group_sort_desc_l<R, decltype(lanes)::value>(v, gl); });
 }
 
 // The k-th largest of the group's sorted L*R values, in every lane of the group.

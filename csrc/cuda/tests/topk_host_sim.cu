@@ -199,6 +199,8 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int n = int(row.size());
   const int L = ws_lanes(n, k, elems_per_lane);
+  int log2_lanes = 0;
+  while ((1 << log2_lanes) < L) ++log2_lanes;
   const bool two = ws_two_groups(L, k);
   if (ws_slots(n, L, kVec) != E) return false;
   std::vector<std::array<uint32_t, E>> keys(static_cast<size_t>(L));
@@ -208,8 +210,6 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
     uint32_t key[E];
     ws_load_keys<U, E>(row.data(), int(len), vectorised, gl, L, true, codec, key);
     std::copy(key, key + E, keys[size_t(gl)].begin());
-    int log2_lanes = 0;
-    while ((1 << log2_lanes) < L) ++log2_lanes;
     nvalid[size_t(gl)] = ws_valid_slots(int(len), gl, log2_lanes, kVec, vectorised, E);
     vmask[size_t(gl)] = ws_prefix_mask<E>(nvalid[size_t(gl)]);
     // Valid slots are exactly the lane's indices below len; invalid slots hold key 0.
@@ -235,8 +235,6 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
         all.push_back(std::max(m.first, m.second));
       }
     }
-    int log2_lanes = 0;
-    while ((1 << log2_lanes) < L) ++log2_lanes;
     if (sizeof(T) == 4 && ws_threshold_by_warp_maxima(log2_lanes, two, k)) {
       // ws_warp_kth_or_lower: k - 1 rounds drop every lane at the maximum.
       for (int64_t r = 1; r < k; ++r) {
