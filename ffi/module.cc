@@ -138,6 +138,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["warp_select_redux_max_k"] = jax_topk::kWarpSelectReduxMaxK;
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
+        t["threshold_narrow_max_k"] = jax_topk::kThresholdNarrowMaxK;
         t["cluster_min_n"] = jax_topk::kClusterMinN;
         t["cluster_max_n"] = jax_topk::kClusterMaxN;
         t["cluster_max_k"] = jax_topk::kClusterMaxK;
@@ -145,6 +146,10 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["register_rows_max_k"] = jax_topk::kRegisterRowsMaxK;
         t["register_rows_min_k"] = jax_topk::kRegisterRowsMinK;
         d["topk_thresholds"] = t;
+        // Thresholds on rows per SM (the tests multiply by the device's SMs).
+        nb::dict per_sm;
+        per_sm["threshold_narrow_min"] = jax_topk::kThresholdNarrowMinRowsPerSm;
+        d["topk_rows_per_sm_thresholds"] = per_sm;
         // Row lengths at which the sort changes its warp slots, block shape or regime.
         nb::list sort_n;
         for (int64_t c = jax_topk::kWarpSizeForSort; c <= jax_topk::kSortWarpMaxN; c *= 2) sort_n.append(c);

@@ -109,6 +109,25 @@ def test_dtypes_gpu(dtype, n, k, rng):
         assert_gpu_equals_cpu(make_input(kind, (rows, n), dtype, rng), k)
 
 
+def test_threshold_block_width_boundary(rng):
+    # The threshold kernel's narrow blocks (more rows in flight) take k up to
+    # threshold_narrow_max_k from threshold_narrow_min rows per SM on; one row
+    # fewer, or k one more, runs wide blocks.
+    build = jax_topk.info()["platforms"]["cuda"]["build"]
+    sms = getattr(GPU, "core_count", None)
+    if not sms or "topk_rows_per_sm_thresholds" not in build:
+        pytest.skip("the SM count or the threshold is not reported")
+    rows_min = build["topk_rows_per_sm_thresholds"]["threshold_narrow_min"] * sms
+    max_k = build["topk_thresholds"]["threshold_narrow_max_k"]
+    for rows in (rows_min - 1, rows_min):
+        for n, k in ((1500, 33), (3000, 64), (8192, max_k), (8192, max_k + 1)):
+            for kind in ("random", "ties"):
+                assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
+    assert_gpu_equals_cpu(make_input("equal", (rows_min, 4096), "bfloat16", rng), 100)
+    assert_gpu_equals_cpu(make_input("special", (rows_min, 4096), "float32", rng), 100,
+                          lengths=user_lengths(rows_min, 4096, 100, rng))
+
+
 def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
     assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)

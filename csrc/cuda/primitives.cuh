@@ -336,14 +336,21 @@ union Vec16 {
 // to the first 16-byte boundary, then groups of kUnroll 16-byte loads per
 // thread, then a scalar tail. For each step (the head, each group, the tail) it
 // calls step.scan(bits, i, valid, pos) for every element of the step, then
-// step.between(), then step.emit(bits, i, valid, pos) for every element again
-// (the loaded data stays in registers). pos is the element's position in the
-// step (0 for the head and tail): a compile-time constant once the loops are
-// unrolled, so it may index a register array or a bit mask. Every thread of
-// the block makes the same calls to scan and between (between() may use warp
-// collectives); emit is skipped in a step where step.emits() is false.
-// Invalid calls carry bits = 0 and must be ignored. Indices are 32-bit (n < 2^31): 64-bit index arithmetic cost a few
-// instructions per element.
+// step.between(), then step.emit(bits, i) for each position set in
+// step.emit_mask(). pos is the element's position in the step (0 for the head
+// and tail): a compile-time constant once the loops are unrolled, so it may
+// index a register array or a bit mask. Every thread of the block makes the
+// same calls to scan and between (between() may use warp collectives); emit
+// is per thread. Invalid calls carry bits = 0 and must be ignored. Indices are
+// 32-bit (n < 2^31): 64-bit index arithmetic cost a few instructions per
+// element.
+//
+// Two things keep the per-element cost down (threshold kernel, ncu on an
+// H200): the groups every thread loads whole (all but the last) are walked
+// with valid a constant, without a predicate and a zeroed register per
+// element; and emit re-reads each emitted element (an L1 hit: the step just
+// loaded it) in a loop over the mask's set bits, where a branch per position
+// cost ~9 instructions per element whether it was emitted or not.
 template <typename U, int kUnroll, typename Step>
 __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, int n, int tid,
                                                      int nthreads, Step& step) {
@@ -356,34 +363,36 @@ __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, 
     const U bits = valid ? row[i] : U(0);
     step.scan(bits, i, valid, 0);
     step.between();
-    step.emit(bits, i, valid, 0);
+    if (step.emit_mask() & 1u) step.emit(bits, i);
   };
   scalar_step(tid, tid < head);
   const int nvec = (n - head) / kVec;
   const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
-  for (int v0 = 0; v0 < nvec; v0 += nthreads * kUnroll) {
+  const int stride = nthreads * kUnroll;
+  auto group = [&](int v0, auto whole) {
+    constexpr bool kWhole = decltype(whole)::value;  // every v < nvec
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + u * nthreads + tid;
-      data[u].raw = v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
+      data[u].raw = kWhole || v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
     }
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + u * nthreads + tid;
 JAX_TOPK_UNROLL
-      for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
+      for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, kWhole || v < nvec, u * kVec + e);
     }
     step.between();
-    if (step.emits()) {  // per thread: most threads of a sparse compaction skip it
-JAX_TOPK_UNROLL
-      for (int u = 0; u < kUnroll; ++u) {
-        const int v = v0 + u * nthreads + tid;
-JAX_TOPK_UNROLL
-        for (int e = 0; e < kVec; ++e) step.emit(data[u].elems[e], head + v * kVec + e, v < nvec, u * kVec + e);
-      }
+    for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
+      const int pos = __ffs(m) - 1;
+      const int i = head + (v0 + (pos / kVec) * nthreads + tid) * kVec + pos % kVec;
+      step.emit(row[i], i);
     }
-  }
+  };
+  int v0 = 0;
+  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{});
+  if (v0 < nvec) group(v0, std::false_type{});
   const int tail = head + nvec * kVec + tid;  // fewer than kVec left
   scalar_step(tail, tail < n);
 }

@@ -325,40 +325,65 @@ gpuError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, c
   return gpuGetLastError();
 }
 
-// kThresholdRowPerBlock: a persistent grid of one-row blocks; rows in flight
-// are capped by L2 so that the second read of a row (the compaction) hits L2.
-template <typename U, int kR, int kUnroll>
+// kThresholdRowPerBlock: a persistent grid of one-row blocks of kThreads
+// threads; rows in flight are capped by L2 so that the second read of a row
+// (the compaction) hits L2.
+template <typename U, int kThreads, int kR, int kUnroll>
 gpuError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, U* values,
                                               int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                               KeyCodec<U> codec, RowLengths<U> lengths,
                                               gpuStream_t stream) {
-  auto kernel = threshold_topk_row_per_block_kernel<U, kR, kUnroll>;
-  constexpr size_t smem = threshold_smem_bytes(kR);
+  auto kernel = threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>;
+  constexpr size_t smem = threshold_smem_bytes(kR, kThreads);
   int per_sm = 0;
-  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRadixThreads,
+  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kThreads,
                                    smem, &per_sm);
   if (err != gpuSuccess) return err;
   // A block holds one row between its two reads: rows in flight * row bytes
   // <= L2 (part of each block's time is the candidate ranking, with its row
   // no longer needed).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
-  kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec,
-                                                          lengths, values, indices);
+  kernel<<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec, lengths,
+                                                     values, indices);
   return gpuGetLastError();
 }
 
-template <typename U, int kR>
+// The load width: with no more rows than SMs, wide blocks keep twice the
+// loads in flight (threshold_unroll).
+template <typename U, int kThreads, int kR>
 gpuError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                              KeyCodec<U> codec, RowLengths<U> lengths,
                                              gpuStream_t stream) {
   constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
-  if (kWide != kNarrow && rows <= dev.sm_count) {
-    return launch_threshold_row_per_block_ru<U, kR, kWide>(dev, x, values, indices, rows, n, k, codec,
-                                                           lengths, stream);
+  if constexpr (kThreads == kThresholdWideThreads && kWide != kNarrow) {
+    if (rows <= dev.sm_count) {
+      return launch_threshold_row_per_block_ru<U, kThreads, kR, kWide>(dev, x, values, indices, rows, n, k,
+                                                                       codec, lengths, stream);
+    }
   }
-  return launch_threshold_row_per_block_ru<U, kR, kNarrow>(dev, x, values, indices, rows, n, k, codec,
-                                                           lengths, stream);
+  return launch_threshold_row_per_block_ru<U, kThreads, kR, kNarrow>(dev, x, values, indices, rows, n, k,
+                                                                   codec, lengths, stream);
+}
+
+template <typename U, int kThreads>
+gpuError_t launch_threshold_row_per_block_t(const DeviceInfo& dev, const U* x, U* values,
+                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
+                                             KeyCodec<U> codec, RowLengths<U> lengths,
+                                             gpuStream_t stream) {
+  switch (threshold_slots(k, int(sizeof(U)), kThreads)) {
+    case 1:
+      return launch_threshold_row_per_block_r<U, kThreads, 1>(dev, x, values, indices, rows, n, k, codec,
+                                                              lengths, stream);
+    case 2:
+      return launch_threshold_row_per_block_r<U, kThreads, 2>(dev, x, values, indices, rows, n, k, codec,
+                                                              lengths, stream);
+    case 8:
+      return launch_threshold_row_per_block_r<U, kThreads, 8>(dev, x, values, indices, rows, n, k, codec,
+                                                              lengths, stream);
+    default:
+      return gpuErrorInvalidValue;
+  }
 }
 
 template <typename U>
@@ -367,16 +392,12 @@ gpuError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* 
                                            KeyCodec<U> codec, RowLengths<U> lengths,
                                            gpuStream_t stream) {
   if constexpr (sizeof(U) <= 4) {
-    switch (threshold_slots(k, int(sizeof(U)))) {
-      case 1:
-        return launch_threshold_row_per_block_r<U, 1>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
-      case 2:
-        return launch_threshold_row_per_block_r<U, 2>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
-      case 8:
-        return launch_threshold_row_per_block_r<U, 8>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
-      default:
-        return gpuErrorInvalidValue;
+    if (threshold_block_threads(rows, k, dev.sm_count) == kThresholdNarrowThreads) {
+      return launch_threshold_row_per_block_t<U, kThresholdNarrowThreads>(dev, x, values, indices, rows, n,
+                                                                          k, codec, lengths, stream);
     }
+    return launch_threshold_row_per_block_t<U, kThresholdWideThreads>(dev, x, values, indices, rows, n, k,
+                                                                      codec, lengths, stream);
   } else {
     return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
   }

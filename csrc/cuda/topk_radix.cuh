@@ -249,8 +249,8 @@ __device__ JAX_TOPK_FORCE_INLINE void radix_scan_row(const U* row, int64_t begin
                   KeyIndexPacking<U, P>::pack(codec.key(bits), begin + uint32_t(i)), valid);
     }
     __device__ JAX_TOPK_FORCE_INLINE void between() {}
-    __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return false; }
-    __device__ JAX_TOPK_FORCE_INLINE void emit(U, int, bool, int) {}
+    __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return 0; }
+    __device__ JAX_TOPK_FORCE_INLINE void emit(U, int) {}
   } scan{codec, st, next, gather, sinks, uint32_t(begin)};
   walk_row_steps<U, kRadixUnroll<U>>(row + begin, int(end - begin), int(threadIdx.x), int(blockDim.x),
                                      scan);
@@ -308,8 +308,9 @@ struct RadixBlockShared {
 // kSortInBlock, then sorted and written to values_row/indices_row; else a
 // global [k] slice sorted device-wide afterwards). Starts and ends with a
 // barrier, so the caller may reuse every buffer right after. Also the
-// fallback of the threshold kernels (topk_threshold.cuh).
-template <typename U, bool kSortInBlock>
+// fallback of the threshold kernels (topk_threshold.cuh), whose blocks have
+// kThreads threads.
+template <typename U, bool kSortInBlock, int kThreads = kRadixThreads>
 __device__ void radix_select_row_in_block(const U* in, int64_t len, int64_t k, int index_bits,
                                           int candidate_capacity, KeyCodec<U> codec, U pad_bits,
                                           uint32_t* hist, typename RadixPacked<U>::type* candidates,
@@ -350,7 +351,7 @@ __device__ void radix_select_row_in_block(const U* in, int64_t len, int64_t k, i
     }
     __syncthreads();
     if (gather) break;
-    const RadixChoice c = choose_radix_digit<kRadixThreads>(hist, bins, st.k_left, sh.scan_tmp, &sh.choice_slot);
+    const RadixChoice c = choose_radix_digit<kThreads>(hist, bins, st.k_left, sh.scan_tmp, &sh.choice_slot);
     if (threadIdx.x == 0) {
       const RadixState<P> ns = radix_advance(st, next, c, candidate_capacity);
       if (ns.compact_to >= 0) sh.candidate_count[ns.compact_to] = 0;

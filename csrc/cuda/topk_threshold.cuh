@@ -2,7 +2,10 @@
 // at most 32 bits, k <= kThresholdMaxK, any n. Two reads of the row instead
 // of the 4-6 scans of radix select:
 //
-// 1. Group maxima. The row is split into G = kRadixThreads * kR groups
+// Blocks of kThreads threads (threshold_block_threads in topk_dispatch.h:
+// wide blocks for few rows or large k, narrow ones for many rows).
+//
+// 1. Group maxima. The row is split into G = kThreads * kR groups
 //    (group = (thread, slot), slot = position in the thread's unrolled load
 //    step mod kR); each thread keeps its kR group maxima of PACKED values
 //    (key << 32 | ~index) in registers. The G maxima are distinct elements
@@ -35,6 +38,7 @@
 #include "cuda/primitives.cuh"
 #include "cuda/topk_bitonic.cuh"
 #include "cuda/topk_radix.cuh"
+#include "jax_topk/topk_dispatch.h"
 
 namespace jax_topk::cuda {
 
@@ -44,25 +48,28 @@ inline constexpr int kThresholdSelectPasses = 64 / kThresholdSelectBits;
 static_assert(kThresholdSelectBins * kThresholdSelectPasses <= kRadixBins,
               "the selection histograms live in the radix histogram");
 
-// Groups per thread (G = kRadixThreads * R), the smallest R in {1, 2, 8}
-// with (a) G >= 4k (random rows: ~1.15k candidates) and (b) all-equal rows
-// still fit: there a group's maximum is its first element, a thread's groups
-// start within its first 16-byte vector (16/bytes elements), so the k-th
-// smallest group start is ~ (16/bytes)/R * k and that many candidates must
-// fit in G: (16/bytes) * k <= kRadixThreads * R^2.
-JAX_TOPK_HOST_DEVICE constexpr int threshold_slots(int64_t k, int elem_bytes) {
+// Groups per thread (G = threads * R), the smallest R in {1, 2, 8} with
+// (a) G >= 4k (random rows: ~1.15k candidates) and (b) all-equal rows still
+// fit: there a group's maximum is its first element, a thread's groups start
+// within its first 16-byte vector (16/bytes elements), so the k-th smallest
+// group start is ~ (16/bytes)/R * k and that many candidates must fit in G:
+// (16/bytes) * k <= threads * R^2. Past both, 8 (wide blocks: G = 2k at
+// kThresholdMaxK; narrow blocks are only dispatched while G >= 4k).
+JAX_TOPK_HOST_DEVICE constexpr int threshold_slots(int64_t k, int elem_bytes, int threads) {
   const int64_t vec = 16 / elem_bytes;
-  if (k <= kRadixThreads / 4 && vec * k <= kRadixThreads) return 1;
-  if (k <= kRadixThreads / 2 && vec * k <= 4 * kRadixThreads) return 2;
+  if (k <= threads / 4 && vec * k <= threads) return 1;
+  if (k <= threads / 2 && vec * k <= 4 * threads) return 2;
   return 8;
 }
+static_assert(kThresholdNarrowMaxK * 4 <= kThresholdNarrowThreads * 8,
+              "narrow blocks keep G >= 4k");
 
-// Dynamic shared memory of threshold_topk_row_per_block_kernel<U, R>: the
-// histogram bins, then two arrays of G packed values (candidates, and the
-// rank's bucket spans).
-JAX_TOPK_HOST_DEVICE constexpr size_t threshold_smem_bytes(int slots) {
+// Dynamic shared memory of threshold_topk_row_per_block_kernel: the
+// histogram bins, then two arrays of G = threads * slots packed values
+// (candidates, and the rank's bucket spans).
+JAX_TOPK_HOST_DEVICE constexpr size_t threshold_smem_bytes(int slots, int threads) {
   static_assert(kRankBuckets <= kRadixBins, "the rank's buckets live in the histogram");
-  return size_t(kRadixBins) * sizeof(uint32_t) + 2 * size_t(kRadixThreads) * size_t(slots) * sizeof(uint64_t);
+  return size_t(kRadixBins) * sizeof(uint32_t) + 2 * size_t(threads) * size_t(slots) * sizeof(uint64_t);
 }
 
 // 16-byte loads in flight per thread in each step of the two reads. One
@@ -114,16 +121,16 @@ struct GroupMaxima {
     m[pos % kR] = max_of(m[pos % kR], e);
   }
   __device__ JAX_TOPK_FORCE_INLINE void between() {}
-  __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return false; }
-  __device__ JAX_TOPK_FORCE_INLINE void emit(U, int, bool, int) {}
+  __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return 0; }
+  __device__ JAX_TOPK_FORCE_INLINE void emit(U, int) {}
 };
 
 // Step of the second read: appends the packed elements >= t to out[] (slots
 // from *counter; those past capacity are counted, not written). One shared
 // atomic per warp and step (a warp scan of the per-thread counts) instead of
-// reserve_slot's one per 32 elements, and no store loop in a thread without
-// candidates: with dense candidates (k = 2048 of 65536) the read went from
-// 25.5 to 21.9 us per row, still slower than the first read (11.4).
+// reserve_slot's one per 32 elements (with dense candidates, k = 2048 of
+// 65536, the read went from 25.5 to 21.9 us per row), and a store per
+// candidate only (walk_row_steps walks the mask's set bits).
 template <typename U>
 struct CompactAtLeast {
   using P = uint64_t;
@@ -145,7 +152,7 @@ struct CompactAtLeast {
     const bool take = key > t_key || (key == t_key && ~uint32_t(i) >= uint32_t(t));
     if (valid && take) mask |= 1u << pos;
   }
-  __device__ JAX_TOPK_FORCE_INLINE bool emits() const { return pending != 0; }
+  __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return pending; }
   __device__ JAX_TOPK_FORCE_INLINE void between() {
     pending = mask;
     mask = 0;
@@ -157,11 +164,9 @@ struct CompactAtLeast {
     if (lane == kWarpSize - 1) base = atomicAdd(counter, inclusive);
     slot = warp_shfl(base, kWarpSize - 1) + inclusive - count;
   }
-  __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i, bool, int pos) {
-    if (pending & (1u << pos)) {
-      if (slot < capacity) out[slot] = packed(bits, i);
-      ++slot;
-    }
+  __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i) {
+    if (slot < capacity) out[slot] = packed(bits, i);
+    ++slot;
   }
 };
 
@@ -224,12 +229,17 @@ JAX_TOPK_UNROLL
   return t;
 }
 
-// Dynamic shared memory: threshold_smem_bytes(kR) = hist[kRadixBins] u32,
-// then G = kRadixThreads * kR u64 (the maxima, then the candidates, then for
+// Dynamic shared memory: threshold_smem_bytes(kR, kThreads) = hist[kRadixBins]
+// u32, then G = kThreads * kR u64 (the maxima, then the candidates, then for
 // the fallback: next_pow2(k) survivors + two candidate buffers), then G more
 // for the rank's bucket spans.
-template <typename U, int kR, int kUnroll>
-__global__ void __launch_bounds__(kRadixThreads, kUnroll > kRadixUnroll<U> ? 1 : 2)
+// Blocks per SM: the wide loads hold 128 registers a thread (one wide
+// block); otherwise 64 (2048 threads' worth of the register file).
+template <typename U, int kThreads, int kUnroll>
+inline constexpr int kThresholdMinBlocksPerSm = kUnroll > kRadixUnroll<U> ? 1 : 1024 / kThreads;
+
+template <typename U, int kThreads, int kR, int kUnroll>
+__global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThreads, kUnroll>))
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
                                         int64_t k, int index_bits, KeyCodec<U> codec,
                                         RowLengths<U> lengths, U* __restrict__ values,
@@ -237,15 +247,15 @@ __global__ void __launch_bounds__(kRadixThreads, kUnroll > kRadixUnroll<U> ? 1 :
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
-  constexpr int kG = kRadixThreads * kR;
-  static_assert(kG <= kBlockSortPerThread * kRadixThreads, "the candidate sort's capacity");
+  constexpr int kG = kThreads * kR;
+  static_assert(kG <= kBlockSortPerThread * kThreads, "the candidate sort's capacity");
   static_assert(kUnroll * int(16 / sizeof(U)) % kR == 0, "slots cover the step evenly");
   extern __shared__ uint4 threshold_smem[];
   uint32_t* hist = reinterpret_cast<uint32_t*>(threshold_smem);
   P* a = reinterpret_cast<P*>(hist + kRadixBins);
   __shared__ ThresholdShared ts;
   __shared__ RadixBlockShared<P> rs;
-  __shared__ BlockRankShared<kRadixThreads> rank_shared;
+  __shared__ BlockRankShared<kThreads> rank_shared;
   const int tid = int(threadIdx.x);
   PhaseTimer timer;
 
@@ -258,18 +268,18 @@ __global__ void __launch_bounds__(kRadixThreads, kUnroll > kRadixUnroll<U> ? 1 :
     GroupMaxima<U, kR> maxima{codec, {}};
 JAX_TOPK_UNROLL
     for (int r = 0; r < kR; ++r) maxima.m[r] = 0;
-    walk_row_steps<U, kUnroll>(in, len, tid, kRadixThreads, maxima);
+    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, maxima);
 JAX_TOPK_UNROLL
-    for (int r = 0; r < kR; ++r) a[r * kRadixThreads + tid] = maxima.m[r];
+    for (int r = 0; r < kR; ++r) a[r * kThreads + tid] = maxima.m[r];
     if (tid == 0) ts.candidates = 0;
     __syncthreads();
     timer.mark(kThresholdPhaseMaxima);
     // 2. T = the k-th largest maximum.
-    const P t = block_kth_largest<kRadixThreads>(a, kG, uint32_t(k), hist, ts);
+    const P t = block_kth_largest<kThreads>(a, kG, uint32_t(k), hist, ts);
     timer.mark(kThresholdPhaseSelect);
     // 3. Candidates >= T (at least k of them).
     CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
-    walk_row_steps<U, kUnroll>(in, len, tid, kRadixThreads, compact);
+    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
     const int c = int(ts.candidates);
@@ -278,20 +288,20 @@ JAX_TOPK_UNROLL
       // only in a row shorter than k, whose slots [c, k) are padding.
       U* values_row = values + row * k;
       int32_t* indices_row = indices + row * k;
-      const bool ranked = block_rank_desc<kRadixThreads>(a, c, 0, c, a + kG, hist, rank_shared, [&](P e, int pos) {
+      const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, a + kG, hist, rank_shared, [&](P e, int pos) {
         if (pos < k) write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos);
       });
       if (ranked) {
-        for (int j = c + tid; j < k; j += kRadixThreads) {
+        for (int j = c + tid; j < k; j += kThreads) {
           write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
         }
       } else {
         // A bucket too full to rank (values clustered far below a few
         // outliers): sort them all, write the first k.
         const int count = int(next_pow2(int64_t(c < k ? k : c)));
-        for (int i = c + tid; i < count; i += kRadixThreads) a[i] = 0;
+        for (int i = c + tid; i < count; i += kThreads) a[i] = 0;
         block_bitonic_sort_desc(a, count);
-        for (int j = tid; j < k; j += kRadixThreads) {
+        for (int j = tid; j < k; j += kThreads) {
           write_packed_output(a[j], codec, lengths.pad_bits, values_row, indices_row, j);
         }
       }
@@ -301,7 +311,7 @@ JAX_TOPK_UNROLL
       // next_pow2(k) <= kG survivors, the rest split into two candidate buffers.
       const int survivors = int(next_pow2(k));
       const int capacity = (kG - survivors) / 2;
-      radix_select_row_in_block<U, true>(in, len, k, index_bits, capacity, codec,
+      radix_select_row_in_block<U, true, kThreads>(in, len, k, index_bits, capacity, codec,
                                          lengths.pad_bits, hist, a + survivors, a, rs,
                                          values + row * k, indices + row * k);
       timer.mark(kThresholdPhaseFallback);

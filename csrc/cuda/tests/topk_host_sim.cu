@@ -621,15 +621,14 @@ int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallbac
 int64_t g_threshold_max_ratio_x100 = 0;
 int g_threshold_sorted = 0;  // rows whose candidates took the bitonic fallback of the rank  // worst candidates / k (x100) on the sorted path, random rows
 
-// Emulates threshold_topk_row_per_block_kernel<U, kR> on one row whose first
-// `head` elements come before the first 16-byte boundary and whose first len
-// elements take part.
-template <KeyKind Kind, typename U, int kR, int kUnroll>
+// Emulates threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll> on
+// one row whose first `head` elements come before the first 16-byte boundary
+// and whose first len elements take part.
+template <KeyKind Kind, typename U, int kThreads, int kR, int kUnroll>
 bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t head_in,
                      int pattern) {
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
-  constexpr int kThreads = kRadixThreads;
   constexpr int kG = kThreads * kR;
   constexpr int kVec = int(16 / sizeof(U));
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
@@ -695,24 +694,35 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   return sim_radix<Kind, U>(row, len, k, (kG - survivors) / 2, &scans);
 }
 
-// Both load widths the launcher picks from (threshold_unroll): the groups'
-// element sets depend on it.
-template <KeyKind Kind, typename U, int kR>
+// Every load width the launcher picks for kThreads (threshold_unroll; wide
+// loads in wide blocks only): the groups' element sets depend on it.
+template <KeyKind Kind, typename U, int kThreads, int kR>
 bool sim_threshold_u(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
   constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
-  bool ok = sim_threshold_r<Kind, U, kR, kNarrow>(row, len, k, head, pattern);
-  if constexpr (kWide != kNarrow) ok = ok && sim_threshold_r<Kind, U, kR, kWide>(row, len, k, head, pattern);
+  bool ok = sim_threshold_r<Kind, U, kThreads, kR, kNarrow>(row, len, k, head, pattern);
+  if constexpr (kThreads == kThresholdWideThreads && kWide != kNarrow) {
+    ok = ok && sim_threshold_r<Kind, U, kThreads, kR, kWide>(row, len, k, head, pattern);
+  }
   return ok;
 }
 
-template <KeyKind Kind, typename U>
-bool sim_threshold(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
-  switch (threshold_slots(k, int(sizeof(U)))) {
-    case 1: return sim_threshold_u<Kind, U, 1>(row, len, k, head, pattern);
-    case 2: return sim_threshold_u<Kind, U, 2>(row, len, k, head, pattern);
-    case 8: return sim_threshold_u<Kind, U, 8>(row, len, k, head, pattern);
+template <KeyKind Kind, typename U, int kThreads>
+bool sim_threshold_t(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
+  switch (threshold_slots(k, int(sizeof(U)), kThreads)) {
+    case 1: return sim_threshold_u<Kind, U, kThreads, 1>(row, len, k, head, pattern);
+    case 2: return sim_threshold_u<Kind, U, kThreads, 2>(row, len, k, head, pattern);
+    case 8: return sim_threshold_u<Kind, U, kThreads, 8>(row, len, k, head, pattern);
   }
   return false;
+}
+
+// Both block sizes threshold_block_threads picks from (narrow blocks only
+// for the k they are dispatched at).
+template <KeyKind Kind, typename U>
+bool sim_threshold(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
+  bool ok = sim_threshold_t<Kind, U, kThresholdWideThreads>(row, len, k, head, pattern);
+  if (k <= kThresholdNarrowMaxK) ok = ok && sim_threshold_t<Kind, U, kThresholdNarrowThreads>(row, len, k, head, pattern);
+  return ok;
 }
 
 // Row lengths below n worth trying for (n, k): empty, one element, around k,

@@ -17,6 +17,8 @@
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
+//        ./topk_selftest --no-clusters  skip the cases forced onto the cluster kernel
+//                                   (compute-sanitizer's racecheck faults on it)
 //        ./topk_selftest --sort     the sort suite instead (both directions; with --big
 //                                   also several chunks of the tile regime; with
 //                                   --bench the sort timings in every regime)
@@ -679,6 +681,29 @@ void run_suite(bool quick, bool big) {
     run_one(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
     run_lengths(d, 2 * sm + 3, 8192, 64, Pattern::kGaussian);
     if (!quick) run_lengths(d, 2 * sm + 3, 65536, 2048, Pattern::kFewValues);
+    // Narrow blocks (threshold_block_threads: kThresholdNarrowMinRowsPerSm
+    // rows per SM, k <= kThresholdNarrowMaxK): their slot boundaries (k = 32,
+    // 64 on 128 threads), the k limit, and a row too short for its groups.
+    // The regime is forced: the warp kernels take these rows otherwise.
+    g_topk_regime = TopkRegime::kThresholdRowPerBlock;
+    const int64_t narrow_rows = kThresholdNarrowMinRowsPerSm * sm;
+    for (int64_t n : {int64_t(200), int64_t(8192)}) {
+      for (int64_t k : {int64_t(1), int64_t(32), int64_t(33), int64_t(64), int64_t(65),
+                        kThresholdNarrowMaxK, kThresholdNarrowMaxK + 1}) {
+        if (k > n) continue;
+        run_one(d, narrow_rows, n, k, Pattern::kGaussian);
+        run_one(d, narrow_rows, n, k, Pattern::kAllEqual);
+        run_one(d, narrow_rows, n, k, Pattern::kFewValues, /*misaligned=*/true);
+        run_lengths(d, narrow_rows, n, k, Pattern::kGaussian);
+        if (!quick) {
+          run_one(d, narrow_rows, n, k, Pattern::kSpecials);
+          run_one(d, narrow_rows, n, k, Pattern::kDescending);
+          run_lengths(d, narrow_rows, n, k, Pattern::kAllEqual);
+        }
+      }
+    }
+    run_one(d, narrow_rows - 1, 8192, 64, Pattern::kGaussian);  // just below: wide blocks
+    g_topk_regime.reset();
     // Few long rows on one threshold block each: more than the cluster
     // kernel takes.
     const int64_t few_threshold_rows = kClusterMaxRows + 1;
@@ -1001,6 +1026,14 @@ void run_bench(const std::string& only) {
         shapes.push_back({rows, n, k, 0});
       }
     }
+    // Rows per SM around kThresholdNarrowMinRowsPerSm, where the threshold
+    // kernel's narrow and wide blocks cross (and, at n <= 2048, where it
+    // meets the warp kernels).
+    for (int64_t per_sm : {1, 2, 4, 8, 16}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 64}, {8192, 256}, {4096, 128}, {2048, 32}}) {
+        shapes.push_back({per_sm * g_sm_count, n, k, 0});
+      }
+    }
   }
   // len_us: the same call with a lengths array of n per row (the lengths
   // path doing the whole-row work: its overhead).
@@ -1186,7 +1219,7 @@ void run_sort_bench(const std::string& only) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool bench = false, quick = false, big = false, dry = false, sort = false;
+  bool bench = false, quick = false, big = false, dry = false, sort = false, no_clusters = false;
   std::string only;  // --bench: only the shapes whose "RxN kK" contains this
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -1199,8 +1232,9 @@ int main(int argc, char** argv) {
     else if (a == "--regimes") g_compare_regimes = true;
     else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--no-clusters") no_clusters = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE] [--regimes]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE] [--regimes] [--no-clusters]\n",
                    argv[0]);
       return 2;
     }
@@ -1218,7 +1252,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   g_sm_count = prop.multiProcessorCount;
-  g_has_clusters = prop.major >= 9;
+  g_has_clusters = prop.major >= 9 && !no_clusters;
   {
     int khz = 0;
     CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));

@@ -102,6 +102,18 @@ inline constexpr int64_t kThresholdMaxK = 2048;
 // 64-128 rows. Longer rows (1 x 2^20) stay on the split-row kernel, whose
 // parallelism across blocks wins there.
 inline constexpr int64_t kThresholdFewRowsMaxRowBytes = int64_t(512) * 1024;
+// Threads of a threshold block. Wide blocks (two per SM: 64 registers a
+// thread) give each row 4096 group maxima, enough for k up to
+// kThresholdMaxK. A row's block spends most of its time in barrier-separated
+// steps between its two reads, so with many rows it is rows in flight that
+// bound the kernel, not threads per row: narrow blocks (eight per SM) hold
+// four times as many rows, at 1024 group maxima (at least 4k candidates'
+// worth: k <= kThresholdNarrowMaxK), and are used from
+// kThresholdNarrowMinRowsPerSm rows per SM.
+inline constexpr int kThresholdWideThreads = 512;
+inline constexpr int kThresholdNarrowThreads = 128;
+inline constexpr int64_t kThresholdNarrowMaxK = 256;
+inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
 
 // Cluster kernel (kClusterRows; keys of at most 32 bits, devices with
 // thread-block clusters): at most the portable cluster size of blocks per
@@ -225,6 +237,12 @@ constexpr bool topk_regime_holds(TopkRegime regime, int64_t n, int64_t k, int el
     case TopkRegime::kRegisterRows: return register_rows_fit(n, k, elem_bytes);
   }
   return false;
+}
+
+// Threads of a kThresholdRowPerBlock block for `rows` rows and k.
+constexpr int threshold_block_threads(int64_t rows, int64_t k, int sm_count) {
+  const bool narrow = k <= kThresholdNarrowMaxK && rows >= kThresholdNarrowMinRowsPerSm * sm_count;
+  return narrow ? kThresholdNarrowThreads : kThresholdWideThreads;
 }
 
 // Blocks cooperating on one row in kRadixSplitRow: enough blocks in all to
