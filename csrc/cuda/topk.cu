@@ -348,22 +348,22 @@ gpuError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, 
   return gpuGetLastError();
 }
 
-// The load width: with no more rows than SMs, wide blocks keep twice the
-// loads in flight (threshold_unroll).
+// Loads in flight: with no more rows than SMs (one block per SM either way),
+// wide blocks keep twice as many (threshold_unroll).
 template <typename U, int kThreads, int kR>
 gpuError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
                                              KeyCodec<U> codec, RowLengths<U> lengths,
                                              gpuStream_t stream) {
-  constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
-  if constexpr (kThreads == kThresholdWideThreads && kWide != kNarrow) {
+  constexpr int kPlainLoads = threshold_unroll<U>(false), kDoubleLoads = threshold_unroll<U>(true);
+  if constexpr (kThreads == kThresholdWideThreads && kDoubleLoads != kPlainLoads) {
     if (rows <= dev.sm_count) {
-      return launch_threshold_row_per_block_ru<U, kThreads, kR, kWide>(dev, x, values, indices, rows, n, k,
-                                                                       codec, lengths, stream);
+      return launch_threshold_row_per_block_ru<U, kThreads, kR, kDoubleLoads>(dev, x, values, indices, rows, n,
+                                                                             k, codec, lengths, stream);
     }
   }
-  return launch_threshold_row_per_block_ru<U, kThreads, kR, kNarrow>(dev, x, values, indices, rows, n, k,
-                                                                   codec, lengths, stream);
+  return launch_threshold_row_per_block_ru<U, kThreads, kR, kPlainLoads>(dev, x, values, indices, rows, n, k,
+                                                                        codec, lengths, stream);
 }
 
 template <typename U, int kThreads>

@@ -233,8 +233,9 @@ JAX_TOPK_UNROLL
 // u32, then G = kThreads * kR u64 (the maxima, then the candidates, then for
 // the fallback: next_pow2(k) survivors + two candidate buffers), then G more
 // for the rank's bucket spans.
-// Blocks per SM: the wide loads hold 128 registers a thread (one wide
-// block); otherwise 64 (2048 threads' worth of the register file).
+// Blocks per SM the registers must allow: doubled loads hold 128 registers
+// a thread (one block); otherwise 64, so that 1024 threads fill the register
+// file (two wide blocks, eight narrow ones).
 template <typename U, int kThreads, int kUnroll>
 inline constexpr int kThresholdMinBlocksPerSm = kUnroll > kRadixUnroll<U> ? 1 : 1024 / kThreads;
 

@@ -694,14 +694,14 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   return sim_radix<Kind, U>(row, len, k, (kG - survivors) / 2, &scans);
 }
 
-// Every load width the launcher picks for kThreads (threshold_unroll; wide
+// Every load width the launcher picks for kThreads (threshold_unroll; doubled
 // loads in wide blocks only): the groups' element sets depend on it.
 template <KeyKind Kind, typename U, int kThreads, int kR>
 bool sim_threshold_u(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
-  constexpr int kNarrow = threshold_unroll<U>(false), kWide = threshold_unroll<U>(true);
-  bool ok = sim_threshold_r<Kind, U, kThreads, kR, kNarrow>(row, len, k, head, pattern);
-  if constexpr (kThreads == kThresholdWideThreads && kWide != kNarrow) {
-    ok = ok && sim_threshold_r<Kind, U, kThreads, kR, kWide>(row, len, k, head, pattern);
+  constexpr int kPlainLoads = threshold_unroll<U>(false), kDoubleLoads = threshold_unroll<U>(true);
+  bool ok = sim_threshold_r<Kind, U, kThreads, kR, kPlainLoads>(row, len, k, head, pattern);
+  if constexpr (kThreads == kThresholdWideThreads && kDoubleLoads != kPlainLoads) {
+    ok = ok && sim_threshold_r<Kind, U, kThreads, kR, kDoubleLoads>(row, len, k, head, pattern);
   }
   return ok;
 }
