@@ -127,8 +127,7 @@ gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t row
                              int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
                              gpuStream_t stream) {
   const int lanes = warp_sort_lanes_per_row(n);
-  int log2_lanes = 0;
-  while ((1 << log2_lanes) < lanes) ++log2_lanes;
+  const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
   const bool vectorised = warp_rows_vectorised(x, n, lengths);
   const int64_t blocks = (rows * lanes + kWarpSortThreads - 1) / kWarpSortThreads;
   if (blocks > INT_MAX) return gpuErrorInvalidValue;
@@ -159,8 +158,7 @@ gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t r
                                gpuStream_t stream) {
   constexpr int kVec = int(16 / sizeof(U));
   const int lanes = ws_lanes(n, k);
-  int log2_lanes = 0;
-  while ((1 << log2_lanes) < lanes) ++log2_lanes;
+  const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
   const bool two_groups = ws_two_groups(lanes, k);
   const bool vectorised = warp_rows_vectorised(x, n, lengths);
   const int slots = ws_slots(n, lanes, kVec);

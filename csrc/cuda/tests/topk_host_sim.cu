@@ -199,8 +199,7 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int n = int(row.size());
   const int L = ws_lanes(n, k, elems_per_lane);
-  int log2_lanes = 0;
-  while ((1 << log2_lanes) < L) ++log2_lanes;
+  const int log2_lanes = bit_width(uint64_t(L)) - 1;  // L is a power of two
   const bool two = ws_two_groups(L, k);
   if (ws_slots(n, L, kVec) != E) return false;
   std::vector<std::array<uint32_t, E>> keys(static_cast<size_t>(L));
