@@ -18,7 +18,9 @@
 #              (benchmarks/trace_calls.py), with and without XLA command buffers
 #   lengths    the self-test's per-row lengths cases, plain and under memcheck
 #   ragged     benchmarks/ragged.py: the ragged top-k case (lengths= against lax.top_k)
-#   routing    the routing tests on the GPU, including GPU == CPU (tests/test_routing_gpu.py)
+#   routing    the fast route scores' error bounds over every float32 logit
+#              (csrc/cuda/tests/route_bounds_test.cu), then the routing tests on the GPU,
+#              including GPU == CPU (tests/test_routing_gpu.py)
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
 #   sharded    (2+ GPUs) tests/test_sharding.py on the GPUs, and benchmarks/sharded.py: row- and
@@ -136,6 +138,8 @@ for s in "$@"; do
     ragged)
       step ragged 300 python3 benchmarks/ragged.py --out "$OUT" ;;
     routing)
+      step route_bounds_build 200 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
+        csrc/cuda/tests/route_bounds_test.cu -o /tmp/route_bounds_test && step route_bounds 120 /tmp/route_bounds_test
       JAX_TOPK_TEST_PLATFORM=gpu step routing 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_routing.py tests/test_routing_gpu.py ;;
     bench_routing)

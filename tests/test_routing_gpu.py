@@ -133,3 +133,26 @@ def test_near_ties_gpu_equals_cpu(score, bias_kind, experts, k, groups, rng):
     for renormalize in (False, True):
         assert_gpu_equals_cpu(jnp.asarray(z), k, None if bias is None else jnp.asarray(bias), score=score,
                               n_groups=n_groups, top_groups=top_groups, renormalize=renormalize)
+
+
+@pytest.mark.parametrize("score", ["sigmoid", "sqrt_softplus"])
+@pytest.mark.parametrize("experts,k,groups", [(256, 8, (8, 4)), (384, 6, None), (96, 5, (3, 2))])
+def test_score_bounds_gpu_equals_cpu(score, experts, k, groups, rng):
+    # The CUDA route of sigmoid / sqrt(softplus) scores with a bias ranks by the hardware's
+    # approximate functions first and scores exactly only the experts whose bounds reach the
+    # k-th best (csrc/cuda/route_bounds.cuh), falling back on every exact score where groups
+    # are too close to call. Here the scores of each row are spaced 2^-24 .. 2^-8 apart
+    # (relative), below, at and above the bounds' width (~2^-15), around several logit
+    # magnitudes (saturated scores, and the approximate exp's widest error near z ~ -87), so
+    # that both the bounds path and its fallback decide near-ties; 96 experts in 3 groups of
+    # 32 are groups that are slots, kept 2.
+    rows = []
+    for center in (-86.0, -20.0, -1.0, 0.0, 0.5, 3.0, 16.0):
+        for spacing in 2.0 ** np.arange(-24, -7, 2):
+            offsets = rng.permutation(experts).astype(np.float64) * spacing * max(1.0, abs(center))
+            rows.append((center + offsets).astype(np.float32))
+    z = jnp.asarray(np.stack(rows))
+    n_groups, top_groups = groups or (None, None)
+    for bias in (np.zeros(experts, np.float32), (rng.standard_normal(experts) * 1e-4).astype(np.float32)):
+        assert_gpu_equals_cpu(z, k, jnp.asarray(bias), score=score, n_groups=n_groups, top_groups=top_groups,
+                              renormalize=True)

@@ -1,7 +1,10 @@
 // CUDA fused MoE routing: one warp per token. Lane l holds experts l, l + 32,
 // l + 64, ... in registers (coalesced loads, any expert count), scores them
 // with the IEEE-only math of jax_topk/routing.h, and the warp picks the k
-// best (a threshold, then a rank of the few candidates). Groups of 32 experts
+// best (a threshold, then a rank of the few candidates). Sigmoid and
+// sqrt(softplus) routes that select by score bound every score with the
+// hardware's approximations first and score exactly only the experts that
+// can be chosen (route_token_by_bounds). Groups of 32 experts
 // (one slot each) are ranked by warp reductions, others in shared memory.
 // Routes that rank the logits themselves take 4 lanes per token instead
 // (route_by_logits_kernel).
@@ -12,6 +15,7 @@
 #include <algorithm>
 
 #include "cuda/device_info.h"
+#include "cuda/route_bounds.cuh"
 #include "cuda/routing_cuda.h"
 
 namespace jax_topk::cuda {
@@ -130,7 +134,7 @@ __device__ __forceinline__ uint64_t kth_lane_best_bound(uint64_t lane_best, int 
 
 // Whether each group is one slot: 32 experts, expert s * 32 + lane in group s
 // (DeepSeek-V3: 8 groups of 32). A group's best two are then two warp
-// reductions over registers (kept_groups_in_registers), and the warp needs no
+// reductions over registers (group_scores_in_registers), and the warp needs no
 // shared group arrays.
 __host__ __device__ inline bool groups_are_slots(const RouteConfig& cfg) {
   return cfg.n_groups > 0 && cfg.experts == cfg.n_groups * kLanes;
@@ -234,16 +238,17 @@ __device__ void mark_kept_groups(const RouteConfig& cfg, const WarpShared& sh, i
   warp_sync();
 }
 
-// mark_kept_groups for groups that are slots, in registers: bit s of the
-// result is set when group s is kept. key and c are the lane's experts'
-// selection keys and c values (expert s * 32 + lane is in group s). The same
-// rule: a group's score is its best c plus its second best (ties: the lower
-// expert, which is the lower lane), and the top_groups best groups are kept
-// (ties: the lower group).
+// mark_kept_groups for groups that are slots, in registers, in two steps:
+// group_scores_in_registers gives lane g group g's score, top_groups_of the
+// kept groups (bit s set: group s, slot s, is kept). key and c are the lane's
+// experts' selection keys and c values (expert s * 32 + lane is in group s).
+// The same rule: a group's score is its best c plus its second best (ties:
+// the lower expert, which is the lower lane), and the top_groups best groups
+// are kept (ties: the lower group).
 template <int kSlots>
-__device__ __forceinline__ uint32_t kept_groups_in_registers(const RouteConfig& cfg, const uint32_t (&key)[kSlots],
-                                                             const float (&c)[kSlots], int lane) {
-  uint64_t my_group = 0;  // lane g: group g's score, packed with g
+__device__ __forceinline__ float group_scores_in_registers(const RouteConfig& cfg, const uint32_t (&key)[kSlots],
+                                                           const float (&c)[kSlots], int lane) {
+  float mine = 0.0f;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     if (s < cfg.n_groups) {  // (the same in every lane)
@@ -253,12 +258,40 @@ __device__ __forceinline__ uint32_t kept_groups_in_registers(const RouteConfig& 
       const uint32_t next = warp_reduce_max(offered);
       const int runner_up = __ffs(int(warp_ballot(offered == next))) - 1;
       const float score = rm::add(warp_shfl(c[s], winner), warp_shfl(c[s], runner_up));
-      if (lane == s) my_group = rm::pack_candidate(true, rm::selection_key(score), s);
+      if (lane == s) mine = score;
     }
   }
+  return mine;
+}
+
+// score: lane g's group's score (lanes from n_groups on: ignored).
+__device__ __forceinline__ uint32_t top_groups_of(const RouteConfig& cfg, float score, int lane) {
+  const uint64_t my_group = lane < cfg.n_groups ? rm::pack_candidate(true, rm::selection_key(score), lane) : 0;
   int rank = 0;  // how many groups beat lane g's
   for (int j = 0; j < cfg.n_groups; ++j) rank += warp_shfl(my_group, j) > my_group;
   return warp_ballot(lane < cfg.n_groups && rank < cfg.top_groups);
+}
+
+// The k best of the `total` (>= k) distinct packed candidates in
+// sh.candidate (written and synced), each ranked by counting: lane j < k
+// receives the j-th one's id and the value stored with it.
+__device__ __forceinline__ void rank_shared_candidates(const WarpShared& sh, int total, int k, int lane, int32_t* id,
+                                                       float* chosen_value) {
+  for (int i = lane; i < total; i += kLanes) {
+    const uint64_t mine = sh.candidate[i];
+    int rank = 0;
+    for (int j = 0; j < total; ++j) rank += sh.candidate[j] > mine;
+    if (rank < k) {
+      sh.chosen_id[rank] = rm::candidate_index(mine);
+      sh.chosen_value[rank] = sh.candidate_value[i];
+    }
+  }
+  warp_sync();
+  if (lane < k) {
+    *id = sh.chosen_id[lane];
+    *chosen_value = sh.chosen_value[lane];
+  }
+  warp_sync();  // the buffers are reused by the warp's next token
 }
 
 // The k best candidates (packed; 0 = none) of the warp, best first: lane j < k
@@ -293,21 +326,7 @@ __device__ __forceinline__ void select_top_k(uint64_t (&cand)[kSlots], const flo
       }
     }
     warp_sync();
-    for (int i = lane; i < total; i += kLanes) {
-      const uint64_t mine = sh.candidate[i];
-      int rank = 0;
-      for (int j = 0; j < total; ++j) rank += sh.candidate[j] > mine;
-      if (rank < k) {
-        sh.chosen_id[rank] = rm::candidate_index(mine);
-        sh.chosen_value[rank] = sh.candidate_value[i];
-      }
-    }
-    warp_sync();
-    if (lane < k) {
-      *id = sh.chosen_id[lane];
-      *chosen_value = sh.chosen_value[lane];
-    }
-    warp_sync();  // the buffers are reused by the warp's next token
+    rank_shared_candidates(sh, total, k, lane, id, chosen_value);
     return;
   }
   for (int j = 0; j < k; ++j) {  // rare: more than kCandidateCapacity candidates
@@ -355,14 +374,147 @@ __device__ __forceinline__ void select_in_segment(uint64_t cand, float value, in
   }
 }
 
-// Routes one token: `lane` is the lane within the token's segment of kWidth
-// lanes; `active` is false for a segment past the last token (it computes
-// along, for the shuffles, and stores nothing). kGroupsAreSlots: the route
-// has groups and groups_are_slots() (its groups are ranked in registers).
+// Lane j < k of a token's segment writes the j-th output: `id` and the
+// weight from its numerator, over the renormalisation (the canonical sum of
+// the k numerators) or else the given denominator.
+template <int kWidth>
+__device__ __forceinline__ void store_route(const RouteConfig& cfg, int64_t token, bool active, int lane, int32_t id,
+                                            float numerator, double denominator, float* weights, int32_t* ids) {
+  if (cfg.renormalize) denominator = segment_sum<kWidth>(lane < cfg.k ? double(numerator) : 0.0);
+  if (active && lane < cfg.k) {
+    weights[token * cfg.k + lane] = rm::weight(numerator, denominator, cfg.scale);
+    ids[token * cfg.k + lane] = id;
+  }
+}
+
+// Whether route_token_by_bounds takes a route (a whole warp per token, kSlots
+// > 1): scores read by the selection that are not a softmax (whose normaliser
+// needs every exact score), with no groups or groups that are slots.
+template <int kSlots, int kWidth, bool kGroupsAreSlots>
+__device__ __forceinline__ bool routes_by_bounds(const RouteConfig& cfg) {
+  return route_bounds::kHaveBoundedFastScores && kSlots > 1 && kWidth == kLanes && cfg.selects_by_score() &&
+         cfg.score != RouteScore::kSoftmax && (cfg.n_groups == 0 || kGroupsAreSlots);
+}
+
+// A token's route with exact scores for a few experts only
+// (route_bounds.cuh). Each expert's c = score + bias is bounded by the fast
+// score: c in [lo, lo + 2 delta_max], lo = c_hat - delta, delta_max the
+// token's largest delta. Then:
+// - groups (slots): a group's score (best c + second best) lies within
+//   [L, L + 4 delta_max], L the same sum of lo (taken as 6 delta_max: the
+//   sums' roundings); when every kept group's lower bound is above every
+//   dropped group's upper bound, the kept groups are those of the exact scores;
+// - floor: at most the k-th largest lo among the eligible experts (the k-th
+//   largest lane best, kth_lane_best_bound), so at most the exact k-th best
+//   c: an expert whose upper bound (taken as lo + 3 delta_max) is below it is
+//   not among the k best;
+// - the others (at least k) are scored exactly and ranked in shared memory.
+// Returns false, having written nothing, where that does not hold (a
+// non-finite logit, bias or c_hat, groups too close to call, more than
+// kCandidateCapacity candidates): the caller then scores every expert.
+// Only lo and delta_max are kept per expert (the fallback loads the logits
+// again).
+template <DType D, int kSlots, bool kGroupsAreSlots>
+__device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, float* weights, int32_t* ids,
+                                                      const RouteConfig& cfg, int64_t token, bool active,
+                                                      const WarpShared& sh, int lane) {
+  namespace rb = route_bounds;
+  const int experts = cfg.experts;
+  const float* b = in.bias ? in.bias + token * cfg.bias_token_stride : nullptr;
+  const rb::ScoreErrorBound bound = rb::score_error_bound(cfg.score);
+  float lo[kSlots];
+  bool usable = true;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = s * kLanes + lane;
+    lo[s] = (active && e < experts) ? load_logit<D>(in.logits, token * experts + e) : 0.0f;
+    usable &= fabsf(lo[s]) <= 0x1.fffffep127f;  // (a NaN fails the comparison)
+  }
+  // One branch on the score's kind for all slots.
+  if (cfg.score == RouteScore::kSigmoid) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) lo[s] = rb::fast_sigmoid(lo[s]);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) lo[s] = rb::fast_sqrt_softplus(lo[s]);
+  }
+  float delta_max = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = s * kLanes + lane;
+    const float fast = lo[s];
+    const float c_hat = (b && active && e < experts) ? fast + __ldg(b + e) : fast;
+    const float delta = rb::selection_delta(fast, c_hat, bound);
+    usable &= fabsf(c_hat) < 0x1p100f;
+    delta_max = fmaxf(delta_max, delta);
+    lo[s] = c_hat - delta;
+  }
+  if (warp_any(!usable)) return false;
+  // Non-negative floats order as their bits.
+  delta_max = __uint_as_float(warp_reduce_max(__float_as_uint(delta_max)));
+
+  uint32_t eligible_slots = ~0u;  // bit s: slot s's experts may be chosen
+  if constexpr (kGroupsAreSlots) {
+    uint32_t lo_key[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) lo_key[s] = rm::selection_key(lo[s]);
+    const float lower = group_scores_in_registers<kSlots>(cfg, lo_key, lo, lane);
+    eligible_slots = top_groups_of(cfg, lower, lane);
+    const bool kept = (eligible_slots >> lane) & 1u, group = lane < cfg.n_groups;
+    const uint32_t lowest_kept = warp_reduce_min(group && kept ? rm::selection_key(lower) : ~0u);
+    const uint32_t highest_dropped =
+        warp_reduce_max(group && !kept ? rm::selection_key(lower + 6.0f * delta_max) : 0u);
+    if (lowest_kept <= highest_dropped) return false;  // uniform
+  }
+
+  uint32_t lane_best = 0;  // the lane's largest lo key among eligible experts (0: none)
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (((eligible_slots >> s) & 1u) && s * kLanes + lane < experts) {
+      const uint32_t key = rm::selection_key(lo[s]);
+      lane_best = key > lane_best ? key : lane_best;
+    }
+  }
+  const uint32_t floor_key = uint32_t(kth_lane_best_bound(uint64_t(lane_best) << 32, cfg.k) >> 32);
+  uint32_t candidate_slots = 0;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const bool reaches = rm::selection_key(lo[s] + 3.0f * delta_max) >= floor_key;
+    if (((eligible_slots >> s) & 1u) && s * kLanes + lane < experts && reaches) candidate_slots |= 1u << s;
+  }
+  int total;
+  int offset = warp_exclusive_sum(__popc(candidate_slots), lane, &total);
+  if (total > kCandidateCapacity) return false;  // uniform
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if ((candidate_slots >> s) & 1u) sh.candidate[offset++] = uint64_t(s * kLanes + lane);
+  }
+  warp_sync();
+  // The candidates' exact scores, a lane each.
+  for (int i = lane; i < total; i += kLanes) {
+    const int e = int(sh.candidate[i]);
+    const float score = score_of(cfg.score, active ? load_logit<D>(in.logits, token * experts + e) : 0.0f);
+    const float c = (b && active) ? rm::add(score, __ldg(b + e)) : score;
+    sh.candidate[i] = rm::pack_candidate(true, rm::selection_key(c), e);
+    sh.candidate_value[i] = score;
+  }
+  warp_sync();
+  int32_t id = 0;
+  float numerator = 0.0f;
+  rank_shared_candidates(sh, total, cfg.k, lane, &id, &numerator);
+  store_route<kLanes>(cfg, token, active, lane, id, numerator, 1.0, weights, ids);
+  return true;
+}
+
+// Routes one token with every expert's exact score: `lane` is the lane
+// within the token's segment of kWidth lanes; `active` is false for a segment
+// past the last token (it computes along, for the shuffles, and stores
+// nothing). kGroupsAreSlots: the route has groups and groups_are_slots()
+// (its groups are ranked in registers).
 template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
-__device__ __forceinline__ void route_token(const RouteInputs& in, float* weights, int32_t* ids,
-                                            const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
-                                            int lane) {
+__device__ __forceinline__ void route_token_exact(const RouteInputs& in, float* weights, int32_t* ids,
+                                                  const RouteConfig& cfg, int64_t token, bool active,
+                                                  const WarpShared& sh, int lane) {
   const void* logits = in.logits;
   static_assert(kWidth == kLanes || kSlots == 1, "segments of a warp hold one slot per lane");
   static_assert(kWidth == kLanes || !kGroupsAreSlots, "groups take whole warps");
@@ -439,7 +591,7 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
     }
     uint32_t kept_slots = 0;  // (groups that are slots) bit s: group s is kept
     if constexpr (kGroupsAreSlots) {
-      kept_slots = kept_groups_in_registers<kSlots>(cfg, key, c_of, lane);
+      kept_slots = top_groups_of(cfg, group_scores_in_registers<kSlots>(cfg, key, c_of, lane), lane);
     } else if constexpr (kWidth == kLanes) {  // the launcher keeps groups on whole warps
       if (cfg.n_groups > 0) {
         warp_sync();
@@ -478,16 +630,25 @@ __device__ __forceinline__ void route_token(const RouteInputs& in, float* weight
   const float numerator = have_numerators ? my_value
                           : softmax       ? rm::softmax_exp(my_value, m)
                                           : score_of(cfg.score, my_value);
-  double denominator = 1.0;
-  if (cfg.renormalize) {
-    denominator = segment_sum<kWidth>(lane < cfg.k ? double(numerator) : 0.0);
-  } else if (softmax) {
-    denominator = softmax_sum;
+  store_route<kWidth>(cfg, token, active, lane, my_id, numerator, softmax ? softmax_sum : 1.0, weights, ids);
+}
+
+// Routes one token: by bounds where routes_by_bounds(), falling back on
+// every expert's exact score where the bounds cannot decide; else with exact
+// scores. (With both routes in one kernel DeepSeek-V4's takes ~110 registers,
+// against 80 and 56 for either alone; separating them, by a call or a second
+// loop, measured no faster.)
+template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
+__device__ __forceinline__ void route_token(const RouteInputs& in, float* weights, int32_t* ids,
+                                            const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
+                                            int lane) {
+  if constexpr (kSlots > 1 && kWidth == kLanes) {
+    if (routes_by_bounds<kSlots, kWidth, kGroupsAreSlots>(cfg) &&
+        route_token_by_bounds<D, kSlots, kGroupsAreSlots>(in, weights, ids, cfg, token, active, sh, lane)) {
+      return;
+    }
   }
-  if (active && lane < cfg.k) {
-    weights[token * cfg.k + lane] = rm::weight(numerator, denominator, cfg.scale);
-    ids[token * cfg.k + lane] = my_id;
-  }
+  route_token_exact<D, kSlots, kWidth, kGroupsAreSlots>(in, weights, ids, cfg, token, active, sh, lane);
 }
 
 template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
