@@ -387,11 +387,12 @@ __device__ __forceinline__ void store_route(const RouteConfig& cfg, int64_t toke
   }
 }
 
-// Whether route_token_by_bounds takes a route (a whole warp per token, kSlots
-// > 1): scores read by the selection that are not a softmax (whose normaliser
-// needs every exact score), with no groups or groups that are slots.
+// Whether a route's tokens are routed by route_token_by_bounds (a whole warp
+// per token, kSlots > 1): scores read by the selection that are not a
+// softmax (whose normaliser needs every exact score), with no groups or
+// groups that are slots.
 template <int kSlots, int kWidth, bool kGroupsAreSlots>
-__device__ __forceinline__ bool routes_by_bounds(const RouteConfig& cfg) {
+__host__ __device__ inline bool routes_by_bounds(const RouteConfig& cfg) {
   return route_bounds::kHaveBoundedFastScores && kSlots > 1 && kWidth == kLanes && cfg.selects_by_score() &&
          cfg.score != RouteScore::kSoftmax && (cfg.n_groups == 0 || kGroupsAreSlots);
 }
@@ -411,13 +412,14 @@ __device__ __forceinline__ bool routes_by_bounds(const RouteConfig& cfg) {
 // - the others (at least k) are scored exactly and ranked in shared memory.
 // Returns false, having written nothing, where that does not hold (a
 // non-finite logit, bias or c_hat, groups too close to call, more than
-// kCandidateCapacity candidates): the caller then scores every expert.
+// kCandidateCapacity candidates): the token is then routed with every exact
+// score (route_token, or route_missed_tokens_kernel).
 // Only lo and delta_max are kept per expert (the fallback loads the logits
 // again).
 template <DType D, int kSlots, bool kGroupsAreSlots>
 __device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, float* weights, int32_t* ids,
-                                                      const RouteConfig& cfg, int64_t token, bool active,
-                                                      const WarpShared& sh, int lane) {
+                                                      const RouteConfig& cfg, int64_t token, const WarpShared& sh,
+                                                      int lane) {
   namespace rb = route_bounds;
   const int experts = cfg.experts;
   const float* b = in.bias ? in.bias + token * cfg.bias_token_stride : nullptr;
@@ -427,7 +429,7 @@ __device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, flo
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
     const int e = s * kLanes + lane;
-    lo[s] = (active && e < experts) ? load_logit<D>(in.logits, token * experts + e) : 0.0f;
+    lo[s] = e < experts ? load_logit<D>(in.logits, token * experts + e) : 0.0f;
     usable &= fabsf(lo[s]) <= 0x1.fffffep127f;  // (a NaN fails the comparison)
   }
   // One branch on the score's kind for all slots.
@@ -443,7 +445,7 @@ __device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, flo
   for (int s = 0; s < kSlots; ++s) {
     const int e = s * kLanes + lane;
     const float fast = lo[s];
-    const float c_hat = (b && active && e < experts) ? fast + __ldg(b + e) : fast;
+    const float c_hat = (b && e < experts) ? fast + __ldg(b + e) : fast;
     const float delta = rb::selection_delta(fast, c_hat, bound);
     usable &= fabsf(c_hat) < 0x1p100f;
     delta_max = fmaxf(delta_max, delta);
@@ -493,8 +495,8 @@ __device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, flo
   // The candidates' exact scores, a lane each.
   for (int i = lane; i < total; i += kLanes) {
     const int e = int(sh.candidate[i]);
-    const float score = score_of(cfg.score, active ? load_logit<D>(in.logits, token * experts + e) : 0.0f);
-    const float c = (b && active) ? rm::add(score, __ldg(b + e)) : score;
+    const float score = score_of(cfg.score, load_logit<D>(in.logits, token * experts + e));
+    const float c = b ? rm::add(score, __ldg(b + e)) : score;
     sh.candidate[i] = rm::pack_candidate(true, rm::selection_key(c), e);
     sh.candidate_value[i] = score;
   }
@@ -502,7 +504,7 @@ __device__ __forceinline__ bool route_token_by_bounds(const RouteInputs& in, flo
   int32_t id = 0;
   float numerator = 0.0f;
   rank_shared_candidates(sh, total, cfg.k, lane, &id, &numerator);
-  store_route<kLanes>(cfg, token, active, lane, id, numerator, 1.0, weights, ids);
+  store_route<kLanes>(cfg, token, true, lane, id, numerator, 1.0, weights, ids);
   return true;
 }
 
@@ -633,18 +635,39 @@ __device__ __forceinline__ void route_token_exact(const RouteInputs& in, float* 
   store_route<kWidth>(cfg, token, active, lane, my_id, numerator, softmax ? softmax_sum : 1.0, weights, ids);
 }
 
-// Routes one token: by bounds where routes_by_bounds(), falling back on
-// every expert's exact score where the bounds cannot decide; else with exact
-// scores. (With both routes in one kernel DeepSeek-V4's takes ~110 registers,
-// against 80 and 56 for either alone; separating them, by a call or a second
-// loop, measured no faster.)
+// Where routes_by_bounds(): route_tokens_kernel tries route_token_by_bounds
+// for each token and routes those it cannot take with every exact score; or,
+// where kBoundsInTwoKernels, route_by_bounds_kernel routes each token by
+// route_token_by_bounds alone and marks those it cannot take (first id -1,
+// which no expert has), and route_missed_tokens_kernel, next on the stream,
+// routes those with every exact score. In one kernel the exact route's code
+// sets the registers of the whole (DeepSeek-V4's 12 slots: ~115, against 56
+// for the bounds route alone, so 4 blocks per SM instead of 8), whether
+// inlined, called, or in a second loop. The second launch costs ~1 us, and
+// its warps each route their few missed tokens serially. Measured on an H200
+// (benchmarks/results/NOTES.md, seventeenth session; CUDA events, 16384
+// tokens, one kernel / two): DeepSeek-V4 (384 experts, no groups) 32.2 / 29.1
+// us; DeepSeek-V3 (groups that are slots, where close groups send a few
+// percent of the tokens to the exact route) 30.9 / 38.1; 128 experts with a
+// bias, k = 8 (4 slots) 16.3 / 17.5. Hence two kernels for routes without
+// groups and at least kBoundsTwoKernelsMinSlots slots (a route without
+// groups never takes a kernel of groups that are slots, and its bounds are
+// compiled out of the single kernel).
+constexpr int kBoundsTwoKernelsMinSlots = 12;
+template <int kSlots, bool kGroupsAreSlots>
+inline constexpr bool kBoundsInTwoKernels = !kGroupsAreSlots && kSlots >= kBoundsTwoKernelsMinSlots;
+
+// Routes one token: by bounds where routes_by_bounds() (unless
+// kBoundsInTwoKernels), falling back on every expert's exact score where the
+// bounds cannot decide; else with exact scores. The token is real (active)
+// wherever routes_by_bounds().
 template <DType D, int kSlots, int kWidth, bool kGroupsAreSlots>
 __device__ __forceinline__ void route_token(const RouteInputs& in, float* weights, int32_t* ids,
                                             const RouteConfig& cfg, int64_t token, bool active, const WarpShared& sh,
                                             int lane) {
-  if constexpr (kSlots > 1 && kWidth == kLanes) {
+  if constexpr (kSlots > 1 && kWidth == kLanes && !kBoundsInTwoKernels<kSlots, kGroupsAreSlots>) {
     if (routes_by_bounds<kSlots, kWidth, kGroupsAreSlots>(cfg) &&
-        route_token_by_bounds<D, kSlots, kGroupsAreSlots>(in, weights, ids, cfg, token, active, sh, lane)) {
+        route_token_by_bounds<D, kSlots, kGroupsAreSlots>(in, weights, ids, cfg, token, sh, lane)) {
       return;
     }
   }
@@ -669,6 +692,43 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
     const int64_t token = first + segment;
     route_token<D, kSlots, kWidth, kGroupsAreSlots>(in, weights, ids, cfg, token, token < cfg.tokens, sh, lane);
     if (cfg.n_groups > 0 && !kGroupsAreSlots) warp_sync();  // sh.c, sh.key and sh.kept are rewritten by the next token
+  }
+}
+
+// ---- Routes by bounds in two kernels (kBoundsInTwoKernels) ------------------
+template <DType D, int kSlots, bool kGroupsAreSlots>
+__global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
+    route_by_bounds_kernel(RouteInputs in, float* __restrict__ weights, int32_t* __restrict__ ids, RouteConfig cfg) {
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  const int lane = threadIdx.x % kLanes;
+  const int warp = threadIdx.x / kLanes;
+  const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, false), cfg, false);
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
+  for (int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + warp; token < cfg.tokens; token += stride) {
+    if (!route_token_by_bounds<D, kSlots, kGroupsAreSlots>(in, weights, ids, cfg, token, sh, lane) &&
+        lane == 0) {
+      ids[token * cfg.k] = -1;
+    }
+  }
+}
+
+template <DType D, int kSlots, bool kGroupsAreSlots>
+__global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
+    route_missed_tokens_kernel(RouteInputs in, float* __restrict__ weights, int32_t* __restrict__ ids,
+                               RouteConfig cfg) {
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  const int lane = threadIdx.x % kLanes;
+  const int warp = threadIdx.x / kLanes;
+  const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, false), cfg, false);
+  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kLanes;
+  // A warp looks at 32 tokens' marks at a time, then routes the marked ones.
+  for (int64_t base = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kLanes; base < cfg.tokens; base += stride) {
+    const int64_t mine = base + lane;
+    uint32_t missed = warp_ballot(mine < cfg.tokens && ids[mine * cfg.k] == -1);
+    for (; missed; missed &= missed - 1) {
+      const int64_t token = base + __ffs(int(missed)) - 1;
+      route_token_exact<D, kSlots, kLanes, kGroupsAreSlots>(in, weights, ids, cfg, token, true, sh, lane);
+    }
   }
 }
 
@@ -831,6 +891,18 @@ gpuError_t launch_kernel(const RouteInputs& in, float* weights, int32_t* ids, co
     }
   }
   const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kWidth), dev);
+  if constexpr (kWidth == kLanes && kBoundsInTwoKernels<kSlots, kGroupsAreSlots>) {
+    if (routes_by_bounds<kSlots, kWidth, kGroupsAreSlots>(cfg)) {  // (no groups: smem is the candidates')
+      route_by_bounds_kernel<D, kSlots, kGroupsAreSlots><<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(
+          in, weights, ids, cfg);
+      err = gpuGetLastError();
+      if (err != gpuSuccess) return err;
+      const unsigned check_blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * kLanes, dev);
+      route_missed_tokens_kernel<D, kSlots, kGroupsAreSlots><<<check_blocks, kWarpsPerBlock * kLanes, smem, stream>>>(
+          in, weights, ids, cfg);
+      return gpuGetLastError();
+    }
+  }
   route_tokens_kernel<D, kSlots, kWidth, kGroupsAreSlots>
       <<<blocks, kWarpsPerBlock * kLanes, smem, stream>>>(in, weights, ids, cfg);
   return gpuGetLastError();
