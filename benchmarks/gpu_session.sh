@@ -43,6 +43,8 @@ export PYTHONUNBUFFERED=1
 # python -c): always the installed package.
 export PYTHONSAFEPATH=1
 SELFTEST=/tmp/topk_selftest
+# The standalone CUDA programs' compiler line (self-test, phase timer, route bounds).
+NVCC=(nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc)
 status=0
 
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record the verdict
@@ -58,8 +60,8 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, log to $OUT/NAME.log, record th
 }
 
 build_selftest() {  # the standalone CUDA self-test (no JAX), used by several steps
-  step selftest_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
-    csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu -o "$SELFTEST"
+  step selftest_build 300 "${NVCC[@]}" csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu \
+    -o "$SELFTEST"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/summary.txt" 2>&1
@@ -105,8 +107,8 @@ for s in "$@"; do
       [[ -x $SELFTEST ]] || build_selftest
       step kregimes 300 "$SELFTEST" --bench --regimes ;;
     phases)  # where a block's time goes (-DJAX_TOPK_PHASE_TIMING), on the ragged batches
-      step phases_build 300 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -DJAX_TOPK_PHASE_TIMING \
-        -Icsrc/include -Icsrc csrc/cuda/topk.cu csrc/cuda/sort.cu csrc/cuda/tests/topk_selftest.cu -o /tmp/topk_phases &&
+      step phases_build 300 "${NVCC[@]}" -DJAX_TOPK_PHASE_TIMING csrc/cuda/topk.cu csrc/cuda/sort.cu \
+        csrc/cuda/tests/topk_selftest.cu -o /tmp/topk_phases &&
         step phases 200 /tmp/topk_phases --bench --regimes --only ragged ;;
     overhead)
       step overhead 200 python3 benchmarks/call_overhead.py
@@ -138,8 +140,8 @@ for s in "$@"; do
     ragged)
       step ragged 300 python3 benchmarks/ragged.py --out "$OUT" ;;
     routing)
-      step route_bounds_build 200 nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
-        csrc/cuda/tests/route_bounds_test.cu -o /tmp/route_bounds_test && step route_bounds 120 /tmp/route_bounds_test
+      step route_bounds_build 200 "${NVCC[@]}" csrc/cuda/tests/route_bounds_test.cu -o /tmp/route_bounds_test &&
+        step route_bounds 120 /tmp/route_bounds_test
       JAX_TOPK_TEST_PLATFORM=gpu step routing 300 pytest -q --maxfail=10 -p no:warnings -p no:cacheprovider \
         tests/test_routing.py tests/test_routing_gpu.py ;;
     bench_routing)
