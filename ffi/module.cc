@@ -139,6 +139,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["threshold_max_k"] = jax_topk::kThresholdMaxK;
         t["threshold_few_rows_max_n_f32"] = jax_topk::kThresholdFewRowsMaxRowBytes / 4;
         t["threshold_narrow_max_k"] = jax_topk::kThresholdNarrowMaxK;
+        t["threshold_stream_max_k"] = jax_topk::kThresholdStreamMaxK;
         t["cluster_min_n"] = jax_topk::kClusterMinN;
         t["cluster_max_n"] = jax_topk::kClusterMaxN;
         t["cluster_max_k"] = jax_topk::kClusterMaxK;
@@ -150,6 +151,10 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         nb::dict per_sm;
         per_sm["threshold_narrow_min"] = jax_topk::kThresholdNarrowMinRowsPerSm;
         d["topk_rows_per_sm_thresholds"] = per_sm;
+        // Thresholds on the input's bytes.
+        nb::dict bytes;
+        bytes["threshold_stream_min"] = jax_topk::kThresholdStreamMinBytes;
+        d["topk_bytes_thresholds"] = bytes;
         // Row lengths at which the sort changes its warp slots, block shape or regime.
         nb::list sort_n;
         for (int64_t c = jax_topk::kWarpSizeForSort; c <= jax_topk::kSortWarpMaxN; c *= 2) sort_n.append(c);

@@ -128,6 +128,31 @@ def test_threshold_block_width_boundary(rng):
                           lengths=user_lengths(rows_min, 4096, 100, rng))
 
 
+def test_threshold_stream_boundary(rng):
+    # Few rows (no more than SMs) of at most 512 KB whose input reaches
+    # threshold_stream_min bytes take the streamed threshold kernel (the row
+    # read once) for k up to threshold_stream_max_k; one row fewer, or k one
+    # more, the two-read kernel. Ascending rows raise its threshold at every
+    # step of the row.
+    build = jax_topk.info()["platforms"]["cuda"]["build"]
+    sms = getattr(GPU, "core_count", None)
+    if not sms or "topk_bytes_thresholds" not in build:
+        pytest.skip("the SM count or the threshold is not reported")
+    n = 131072
+    rows_min = -(-build["topk_bytes_thresholds"]["threshold_stream_min"] // (4 * n))
+    max_k = build["topk_thresholds"]["threshold_stream_max_k"]
+    if rows_min > sms:
+        pytest.skip(f"{rows_min} rows of {n} float32 are more than the {sms} SMs")
+    for rows in (rows_min - 1, rows_min):
+        for k in (1, max_k, max_k + 1):
+            for kind in ("random", "ties"):
+                assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
+    ascending = np.tile(np.arange(n, dtype=np.float32), (rows_min, 1))
+    assert_gpu_equals_cpu(ascending, max_k)
+    assert_gpu_equals_cpu(make_input("special", (rows_min, n), "float32", rng), max_k,
+                          lengths=user_lengths(rows_min, n, max_k, rng))
+
+
 def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
     assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)

@@ -332,18 +332,26 @@ union Vec16 {
   U elems[16 / sizeof(U)];
 };
 
+// Elements of row[0, n) before its first 16-byte boundary: walk_row_steps'
+// scalar head.
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE int row_head_elems(const U* row, int n) {
+  const int to_aligned = int((16 - (reinterpret_cast<uintptr_t>(row) & 15)) & 15) / int(sizeof(U));
+  return to_aligned < n ? to_aligned : n;
+}
+
 // Walks row[0, n) with the threads [0, nthreads) of a block: a scalar head up
 // to the first 16-byte boundary, then groups of kUnroll 16-byte loads per
 // thread, then a scalar tail. For each step (the head, each group, the tail) it
 // calls step.scan(bits, i, valid, pos) for every element of the step, then
 // step.between(), then step.emit(bits, i) for each position set in
-// step.emit_mask(). pos is the element's position in the step (0 for the head
-// and tail): a compile-time constant once the loops are unrolled, so it may
-// index a register array or a bit mask. Every thread of the block makes the
-// same calls to scan and between (between() may use warp collectives); emit
-// is per thread. Invalid calls carry bits = 0 and must be ignored. Indices are
-// 32-bit (n < 2^31): 64-bit index arithmetic cost a few instructions per
-// element.
+// step.emit_mask(), then step.after_step(). pos is the element's position in
+// the step (0 for the head and tail): a compile-time constant once the loops
+// are unrolled, so it may index a register array or a bit mask. Every thread
+// of the block makes the same calls to scan, between and after_step (between()
+// may use warp collectives, after_step() block barriers); emit is per thread.
+// Invalid calls carry bits = 0 and must be ignored. Indices are 32-bit
+// (n < 2^31): 64-bit index arithmetic cost a few instructions per element.
 //
 // Two things keep the per-element cost down (threshold kernel, ncu on an
 // H200): the groups every thread loads whole (all but the last) are walked
@@ -356,14 +364,13 @@ __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, 
                                                      int nthreads, Step& step) {
   constexpr int kVec = int(16 / sizeof(U));
   if (n <= 0) return;
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
-  const int to_aligned = int((16 - (addr & 15)) & 15) / int(sizeof(U));
-  const int head = to_aligned < n ? to_aligned : n;
+  const int head = row_head_elems(row, n);
   auto scalar_step = [&](int i, bool valid) {
     const U bits = valid ? row[i] : U(0);
     step.scan(bits, i, valid, 0);
     step.between();
     if (step.emit_mask() & 1u) step.emit(bits, i);
+    step.after_step();
   };
   scalar_step(tid, tid < head);
   const int nvec = (n - head) / kVec;
@@ -389,6 +396,7 @@ JAX_TOPK_UNROLL
       const int i = head + (v0 + (pos / kVec) * nthreads + tid) * kVec + pos % kVec;
       step.emit(row[i], i);
     }
+    step.after_step();
   };
   int v0 = 0;
   for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{});

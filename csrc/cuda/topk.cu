@@ -79,6 +79,7 @@ gpuError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
   if (forced && p.regime == TopkRegime::kEmpty && rows > 0 && k > 0) return gpuErrorInvalidValue;
   if (p.regime == TopkRegime::kEmpty || p.regime == TopkRegime::kTinyRows ||
       p.regime == TopkRegime::kSmallK || p.regime == TopkRegime::kThresholdRowPerBlock ||
+      p.regime == TopkRegime::kThresholdStream ||
       p.regime == TopkRegime::kClusterRows || p.regime == TopkRegime::kRegisterRows) {
     *plan = p;
     return gpuSuccess;
@@ -323,79 +324,84 @@ gpuError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, c
   return gpuGetLastError();
 }
 
-// kThresholdRowPerBlock: a persistent grid of one-row blocks of kThreads
-// threads; rows in flight are capped by L2 so that the second read of a row
-// (the compaction) hits L2.
-template <typename U, int kThreads, int kR, int kUnroll>
-gpuError_t launch_threshold_row_per_block_ru(const DeviceInfo& dev, const U* x, U* values,
-                                              int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                              KeyCodec<U> codec, RowLengths<U> lengths,
-                                              gpuStream_t stream) {
-  auto kernel = threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>;
-  constexpr size_t smem = threshold_smem_bytes(kR, kThreads);
+// kThresholdRowPerBlock / kThresholdStream (kStream): a persistent grid of
+// one-row blocks of kThreads threads. The two-read kernel caps the rows in
+// flight by L2, so that the second read of a row (the compaction) hits L2;
+// the streamed kernel reads each row once and fills the chip.
+template <typename U, int kThreads, int kR, int kUnroll, bool kStream>
+gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                               int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                               gpuStream_t stream) {
+  const void* kernel = reinterpret_cast<const void*>(threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>);
+  if constexpr (kStream) kernel = reinterpret_cast<const void*>(threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>);
+  constexpr size_t smem =
+      kStream ? threshold_stream_smem_bytes(kR, kThreads, kThresholdStreamStep<U, kThreads, kUnroll>)
+              : threshold_smem_bytes(kR, kThreads);
   int per_sm = 0;
-  gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kThreads,
-                                   smem, &per_sm);
+  gpuError_t err = prepare_kernel(dev.device, kernel, kThreads, smem, &per_sm);
   if (err != gpuSuccess) return err;
-  // A block holds one row between its two reads: rows in flight * row bytes
-  // <= L2 (part of each block's time is the candidate ranking, with its row
-  // no longer needed).
-  const int64_t grid = persistent_row_grid(per_sm, dev, rows, n * int64_t(sizeof(U)));
-  kernel<<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec, lengths,
+  // Two reads: a block holds one row between them, so rows in flight * row
+  // bytes <= L2 (part of each block's time is the candidate ranking, with
+  // its row no longer needed).
+  const int64_t grid = persistent_row_grid(per_sm, dev, rows, kStream ? 0 : n * int64_t(sizeof(U)));
+  if constexpr (kStream) {
+    threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>
+        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, codec, lengths, values, indices);
+  } else {
+    threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>
+        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), codec, lengths,
                                                      values, indices);
+  }
   return gpuGetLastError();
 }
 
 // Loads in flight: with no more rows than SMs (one block per SM either way),
 // wide blocks keep twice as many (threshold_unroll).
-template <typename U, int kThreads, int kR>
-gpuError_t launch_threshold_row_per_block_r(const DeviceInfo& dev, const U* x, U* values,
-                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                             KeyCodec<U> codec, RowLengths<U> lengths,
-                                             gpuStream_t stream) {
+template <typename U, int kThreads, int kR, bool kStream>
+gpuError_t launch_threshold_r(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                              int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                              gpuStream_t stream) {
   constexpr int kPlainLoads = threshold_unroll<U>(false), kDoubleLoads = threshold_unroll<U>(true);
   if constexpr (kThreads == kThresholdWideThreads && kDoubleLoads != kPlainLoads) {
     if (rows <= dev.sm_count) {
-      return launch_threshold_row_per_block_ru<U, kThreads, kR, kDoubleLoads>(dev, x, values, indices, rows, n,
-                                                                             k, codec, lengths, stream);
+      return launch_threshold_ru<U, kThreads, kR, kDoubleLoads, kStream>(dev, x, values, indices, rows, n, k,
+                                                                        codec, lengths, stream);
     }
   }
-  return launch_threshold_row_per_block_ru<U, kThreads, kR, kPlainLoads>(dev, x, values, indices, rows, n, k,
-                                                                        codec, lengths, stream);
+  return launch_threshold_ru<U, kThreads, kR, kPlainLoads, kStream>(dev, x, values, indices, rows, n, k, codec,
+                                                                   lengths, stream);
 }
 
-template <typename U, int kThreads>
-gpuError_t launch_threshold_row_per_block_t(const DeviceInfo& dev, const U* x, U* values,
-                                             int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                             KeyCodec<U> codec, RowLengths<U> lengths,
-                                             gpuStream_t stream) {
+template <typename U, int kThreads, bool kStream>
+gpuError_t launch_threshold_t(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                              int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                              gpuStream_t stream) {
   switch (threshold_slots(k, int(sizeof(U)), kThreads)) {
     case 1:
-      return launch_threshold_row_per_block_r<U, kThreads, 1>(dev, x, values, indices, rows, n, k, codec,
-                                                              lengths, stream);
+      return launch_threshold_r<U, kThreads, 1, kStream>(dev, x, values, indices, rows, n, k, codec, lengths,
+                                                         stream);
     case 2:
-      return launch_threshold_row_per_block_r<U, kThreads, 2>(dev, x, values, indices, rows, n, k, codec,
-                                                              lengths, stream);
+      return launch_threshold_r<U, kThreads, 2, kStream>(dev, x, values, indices, rows, n, k, codec, lengths,
+                                                         stream);
     case 8:
-      return launch_threshold_row_per_block_r<U, kThreads, 8>(dev, x, values, indices, rows, n, k, codec,
-                                                              lengths, stream);
+      return launch_threshold_r<U, kThreads, 8, kStream>(dev, x, values, indices, rows, n, k, codec, lengths,
+                                                         stream);
     default:
       return gpuErrorInvalidValue;
   }
 }
 
-template <typename U>
-gpuError_t launch_threshold_row_per_block(const DeviceInfo& dev, const U* x, U* values,
-                                           int32_t* indices, int64_t rows, int64_t n, int64_t k,
-                                           KeyCodec<U> codec, RowLengths<U> lengths,
-                                           gpuStream_t stream) {
+template <typename U, bool kStream>
+gpuError_t launch_threshold(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                            int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+                            gpuStream_t stream) {
   if constexpr (sizeof(U) <= 4) {
     if (threshold_block_threads(rows, k, dev.sm_count) == kThresholdNarrowThreads) {
-      return launch_threshold_row_per_block_t<U, kThresholdNarrowThreads>(dev, x, values, indices, rows, n,
-                                                                          k, codec, lengths, stream);
+      return launch_threshold_t<U, kThresholdNarrowThreads, kStream>(dev, x, values, indices, rows, n, k, codec,
+                                                                     lengths, stream);
     }
-    return launch_threshold_row_per_block_t<U, kThresholdWideThreads>(dev, x, values, indices, rows, n, k,
-                                                                      codec, lengths, stream);
+    return launch_threshold_t<U, kThresholdWideThreads, kStream>(dev, x, values, indices, rows, n, k, codec,
+                                                                 lengths, stream);
   } else {
     return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
   }
@@ -537,8 +543,9 @@ gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* val
       return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
                                            indices, stream);
     case TopkRegime::kThresholdRowPerBlock:
-      return launch_threshold_row_per_block<U>(dev, x, values, indices, rows, n, k, codec, lengths,
-                                               stream);
+      return launch_threshold<U, false>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
+    case TopkRegime::kThresholdStream:
+      return launch_threshold<U, true>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
     case TopkRegime::kClusterRows:
       return launch_cluster_rows<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
     case TopkRegime::kRegisterRows:

@@ -251,6 +251,7 @@ __device__ JAX_TOPK_FORCE_INLINE void radix_scan_row(const U* row, int64_t begin
     __device__ JAX_TOPK_FORCE_INLINE void between() {}
     __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return 0; }
     __device__ JAX_TOPK_FORCE_INLINE void emit(U, int) {}
+    __device__ JAX_TOPK_FORCE_INLINE void after_step() {}
   } scan{codec, st, next, gather, sinks, uint32_t(begin)};
   walk_row_steps<U, kRadixUnroll<U>>(row + begin, int(end - begin), int(threadIdx.x), int(blockDim.x),
                                      scan);

@@ -1,6 +1,7 @@
 // Threshold top-k, one block per row (regime kThresholdRowPerBlock): keys of
 // at most 32 bits, k <= kThresholdMaxK, any n. Two reads of the row instead
-// of the 4-6 scans of radix select:
+// of the 4-6 scans of radix select (a variant reading it once, regime
+// kThresholdStream, is at the end of the file):
 //
 // Blocks of kThreads threads (threshold_block_threads in topk_dispatch.h:
 // wide blocks for few rows or large k, narrow ones for many rows).
@@ -33,6 +34,8 @@
 // shorter than k has fewer than k non-empty groups, so T = 0 and all of its
 // len elements are candidates; slots [len, k) are written as padding.
 #pragma once
+
+#include <algorithm>
 
 #include "cuda/block_rank.cuh"
 #include "cuda/primitives.cuh"
@@ -107,6 +110,7 @@ struct ThresholdShared {
   unsigned long long lo, hi, t_min;
   DigitPick pick;
   uint32_t candidates;
+  uint32_t kept;  // block_keep_k_largest's slots
 };
 
 // Step of the first read: each thread's kR group maxima of packed values
@@ -123,6 +127,7 @@ struct GroupMaxima {
   __device__ JAX_TOPK_FORCE_INLINE void between() {}
   __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return 0; }
   __device__ JAX_TOPK_FORCE_INLINE void emit(U, int) {}
+  __device__ JAX_TOPK_FORCE_INLINE void after_step() {}
 };
 
 // Step of the second read: appends the packed elements >= t to out[] (slots
@@ -140,34 +145,41 @@ struct CompactAtLeast {
   uint32_t* counter;
   P* out;
   uint32_t capacity;
+  uint32_t index_base = 0;  // row index of the walk's element 0
   uint32_t mask = 0;     // this step's candidates, by pos (scan)
   uint32_t pending = 0;  // ... handed to emit by between()
   uint32_t slot = 0;
+  uint32_t reserved_end = 0;  // *counter after this warp's reservation in the step (0: none)
   __device__ JAX_TOPK_FORCE_INLINE P packed(U bits, int i) const {
-    return KeyIndexPacking<U, P>::pack(codec.key(bits), uint32_t(i));
+    return KeyIndexPacking<U, P>::pack(codec.key(bits), index_base + uint32_t(i));
   }
   // packed(bits, i) >= t, on 32-bit halves (keys at bit 32 of the packing).
   __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
     const uint32_t key = codec.key(bits), t_key = uint32_t(t >> 32);
-    const bool take = key > t_key || (key == t_key && ~uint32_t(i) >= uint32_t(t));
+    const bool take = key > t_key || (key == t_key && ~(index_base + uint32_t(i)) >= uint32_t(t));
     if (valid && take) mask |= 1u << pos;
   }
   __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return pending; }
   __device__ JAX_TOPK_FORCE_INLINE void between() {
     pending = mask;
     mask = 0;
+    reserved_end = 0;
     if (!warp_any(pending != 0)) return;  // uniform: sparse candidates
     const uint32_t count = uint32_t(__popc(pending));
     const int lane = lane_id();
     const uint32_t inclusive = warp_inclusive_sum(count, lane);
     uint32_t base = 0;
-    if (lane == kWarpSize - 1) base = atomicAdd(counter, inclusive);
+    if (lane == kWarpSize - 1) {
+      base = atomicAdd(counter, inclusive);
+      reserved_end = base + inclusive;
+    }
     slot = warp_shfl(base, kWarpSize - 1) + inclusive - count;
   }
   __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i) {
     if (slot < capacity) out[slot] = packed(bits, i);
     ++slot;
   }
+  __device__ JAX_TOPK_FORCE_INLINE void after_step() {}
 };
 
 // The k-th largest of a[0:count) (1 <= k <= count; values may repeat, e.g.
@@ -229,6 +241,82 @@ JAX_TOPK_UNROLL
   return t;
 }
 
+// Steps 1-2 of both threshold kernels: the G = kThreads * kR group maxima of
+// in[0:len) (packed; 0 for empty groups) into a[0:G), and T = the k-th
+// largest of them; zeroes ts.candidates. Ends with a barrier.
+template <typename U, int kThreads, int kR, int kUnroll>
+__device__ uint64_t threshold_from_group_maxima(const U* in, int len, int64_t k, KeyCodec<U> codec, uint64_t* a,
+                                                uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
+  const int tid = int(threadIdx.x);
+  GroupMaxima<U, kR> maxima{codec, {}};
+JAX_TOPK_UNROLL
+  for (int r = 0; r < kR; ++r) maxima.m[r] = 0;
+  walk_row_steps<U, kUnroll>(in, len, tid, kThreads, maxima);
+JAX_TOPK_UNROLL
+  for (int r = 0; r < kR; ++r) a[r * kThreads + tid] = maxima.m[r];
+  if (tid == 0) ts.candidates = 0;
+  __syncthreads();
+  timer.mark(kThresholdPhaseMaxima);
+  const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, uint32_t(k), hist, ts);
+  timer.mark(kThresholdPhaseSelect);
+  return t;
+}
+
+// Keeps the k largest of a[0:c) (c = *count > k, the values distinct and
+// visible to every thread: the caller's barrier) in a[0:k), in no particular
+// order, and sets *count = k; returns the k-th largest. tmp: k values.
+// Starts and ends with a barrier.
+template <int kThreads>
+__device__ uint64_t block_keep_k_largest(uint64_t* a, uint32_t* count, uint32_t k, uint64_t* tmp,
+                                         uint32_t* hist, ThresholdShared& ts) {
+  const int tid = int(threadIdx.x);
+  const int c = int(*count);
+  if (tid == 0) ts.kept = 0;  // read after block_kth_largest's barriers
+  const uint64_t t = block_kth_largest<kThreads>(a, c, k, hist, ts);
+  for (int base = 0; base < c; base += kThreads) {  // uniform trips: reserve_slot's ballot
+    const int i = base + tid;
+    const uint64_t e = i < c ? a[i] : 0;
+    const bool keep = i < c && e >= t;
+    const uint32_t slot = reserve_slot(&ts.kept, keep);
+    if (keep) tmp[slot] = e;
+  }
+  __syncthreads();
+  for (int i = tid; i < int(k); i += kThreads) a[i] = tmp[i];
+  if (tid == 0) *count = k;
+  __syncthreads();
+  return t;
+}
+
+// Step 4 of both threshold kernels: each candidate of a[0:c) (distinct
+// packed values, all >= the row's k-th largest) goes to the output slot of
+// its rank; c < k only in a row shorter than k, whose slots [c, k) are
+// padding. spans: c values for the rank's buckets; a[] holds at least
+// next_pow2(max(c, k)) values for the sort fallback.
+template <typename U, int kThreads>
+__device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
+                                         BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
+                                         U pad_bits, U* values_row, int32_t* indices_row) {
+  using P = uint64_t;
+  const int tid = int(threadIdx.x);
+  const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, spans, hist, rank_shared, [&](P e, int pos) {
+    if (pos < k) write_packed_output(e, codec, pad_bits, values_row, indices_row, pos);
+  });
+  if (ranked) {
+    for (int j = c + tid; j < k; j += kThreads) {
+      write_packed_output(P(0), codec, pad_bits, values_row, indices_row, j);
+    }
+    return;
+  }
+  // A bucket too full to rank (values clustered far below a few outliers):
+  // sort them all, write the first k.
+  const int count = int(next_pow2(int64_t(c < k ? k : c)));
+  for (int i = c + tid; i < count; i += kThreads) a[i] = 0;
+  block_bitonic_sort_desc(a, count);
+  for (int j = tid; j < k; j += kThreads) {
+    write_packed_output(a[j], codec, pad_bits, values_row, indices_row, j);
+  }
+}
+
 // Dynamic shared memory: threshold_smem_bytes(kR, kThreads) = hist[kRadixBins]
 // u32, then G = kThreads * kR u64 (the maxima, then the candidates, then for
 // the fallback: next_pow2(k) survivors + two candidate buffers), then G more
@@ -247,7 +335,6 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
                                         int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
-  using Pack = KeyIndexPacking<U, P>;
   constexpr int kG = kThreads * kR;
   static_assert(kG <= kBlockSortPerThread * kThreads, "the candidate sort's capacity");
   static_assert(kUnroll * int(16 / sizeof(U)) % kR == 0, "slots cover the step evenly");
@@ -265,19 +352,8 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // 32 bits (n < 2^31): one register less through both walks (sm_100
     // spilled with a 64-bit length).
     const int len = int(lengths.of_loaded(row, n));
-    // 1. Group maxima (packed; 0 for empty groups and invalid calls).
-    GroupMaxima<U, kR> maxima{codec, {}};
-JAX_TOPK_UNROLL
-    for (int r = 0; r < kR; ++r) maxima.m[r] = 0;
-    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, maxima);
-JAX_TOPK_UNROLL
-    for (int r = 0; r < kR; ++r) a[r * kThreads + tid] = maxima.m[r];
-    if (tid == 0) ts.candidates = 0;
-    __syncthreads();
-    timer.mark(kThresholdPhaseMaxima);
-    // 2. T = the k-th largest maximum.
-    const P t = block_kth_largest<kThreads>(a, kG, uint32_t(k), hist, ts);
-    timer.mark(kThresholdPhaseSelect);
+    // 1-2. T from the row's group maxima.
+    const P t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts, timer);
     // 3. Candidates >= T (at least k of them).
     CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact);
@@ -285,27 +361,9 @@ JAX_TOPK_UNROLL
     timer.mark(kThresholdPhaseCompact);
     const int c = int(ts.candidates);
     if (c <= kG) {  // uniform
-      // 4. Each candidate's rank is its output slot (block_rank.cuh); c < k
-      // only in a row shorter than k, whose slots [c, k) are padding.
-      U* values_row = values + row * k;
-      int32_t* indices_row = indices + row * k;
-      const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, a + kG, hist, rank_shared, [&](P e, int pos) {
-        if (pos < k) write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos);
-      });
-      if (ranked) {
-        for (int j = c + tid; j < k; j += kThreads) {
-          write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
-        }
-      } else {
-        // A bucket too full to rank (values clustered far below a few
-        // outliers): sort them all, write the first k.
-        const int count = int(next_pow2(int64_t(c < k ? k : c)));
-        for (int i = c + tid; i < count; i += kThreads) a[i] = 0;
-        block_bitonic_sort_desc(a, count);
-        for (int j = tid; j < k; j += kThreads) {
-          write_packed_output(a[j], codec, lengths.pad_bits, values_row, indices_row, j);
-        }
-      }
+      // 4. Each candidate's rank is its output slot.
+      write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
+                                            values + row * k, indices + row * k);
       timer.mark(kThresholdPhaseOrder);
     } else {
       // Too many candidates: radix select of the row in this block. Room:
@@ -317,6 +375,113 @@ JAX_TOPK_UNROLL
                                          values + row * k, indices + row * k);
       timer.mark(kThresholdPhaseFallback);
     }
+    __syncthreads();  // shared memory is reused by the next row
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Streamed threshold top-k (regime kThresholdStream): the row is read ONCE.
+// The two-read kernel above reads a row twice, and where the rows in flight
+// do not fit in L2 (128 x 131072 float32: 64 MB) both reads come from HBM.
+// Here:
+// 1. Group maxima of the row's first step only (the first kThreads * kUnroll
+//    16-byte vectors, plus the scalar head): T = the k-th largest of those G
+//    maxima. The first step's candidates (>= T) are at most k groups' worth.
+// 2. The row streams through StreamCompact from its first element: each step
+//    appends its elements >= T to the buffer, and T rises whenever the buffer
+//    could overflow in the next step (more than G held: the block keeps the
+//    buffer's k largest and T becomes the k-th of them). T only ever rises
+//    to the k-th largest of a subset of the row, never above the row's k-th
+//    largest, so every element of the top k is kept.
+// 3. At the end the buffer holds at most G candidates (else one more keep);
+//    they are ranked and written as in the two-read kernel.
+// For a random row each later step adds about as many candidates as the
+// first had (G * -ln(1 - k/G): ~53 at k = 50 and G = 512, ~1.15k at G = 4k),
+// fewer once T has risen, so the buffer is kept once per G / that many steps:
+// never for k = 50 on rows of 131072, about every other step for k = 1024
+// (benchmarks/results/NOTES.md, v9). An ascending row keeps at every step.
+// Shared memory: hist, the buffer of kStep + G values (a step adds at most
+// kStep), the rank's spans of G values.
+template <typename U, int kThreads, int kUnroll>
+inline constexpr int kThresholdStreamStep = kThreads * kUnroll * int(16 / sizeof(U));
+
+JAX_TOPK_HOST_DEVICE constexpr size_t threshold_stream_smem_bytes(int slots, int threads, int step) {
+  return size_t(kRadixBins) * sizeof(uint32_t) +
+         (size_t(step) + 2 * size_t(threads) * size_t(slots)) * sizeof(uint64_t);
+}
+
+// CompactAtLeast whose threshold rises: after every step, if the buffer
+// holds more than `limit` candidates (the next step could overflow it), the
+// block keeps its k largest and t becomes the k-th of them.
+template <typename U, int kThreads>
+struct StreamCompact : CompactAtLeast<U> {
+  uint32_t limit;
+  uint32_t k;
+  uint64_t* tmp;
+  uint32_t* hist;
+  ThresholdShared* ts;
+  __device__ JAX_TOPK_FORCE_INLINE void after_step() {
+    // The warp whose reservation ended last saw the step's total.
+    const bool over = this->reserved_end > limit;
+    if (__syncthreads_or(over)) {  // uniform
+      this->t = block_keep_k_largest<kThreads>(this->out, this->counter, k, tmp, hist, *ts);
+    }
+  }
+};
+
+// Blocks per SM for the registers: as the two-read kernel, but no more than
+// the shared memory of an sm_90 SM (228 KB) holds (one wide block).
+template <typename U, int kThreads, int kR, int kUnroll>
+inline constexpr int kThresholdStreamMinBlocksPerSm = std::max(
+    1, std::min(kThresholdMinBlocksPerSm<U, kThreads, kUnroll>,
+                int((228 << 10) / threshold_stream_smem_bytes(kR, kThreads,
+                                                              kThresholdStreamStep<U, kThreads, kUnroll>))));
+
+template <typename U, int kThreads, int kR, int kUnroll>
+__global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, kThreads, kR, kUnroll>))
+    threshold_stream_topk_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k,
+                                 KeyCodec<U> codec, RowLengths<U> lengths, U* __restrict__ values,
+                                 int32_t* __restrict__ indices) {
+  static_assert(sizeof(U) <= 4, "packed values are u64");
+  using P = uint64_t;
+  constexpr int kG = kThreads * kR;
+  constexpr int kStep = kThresholdStreamStep<U, kThreads, kUnroll>;
+  constexpr int kBuffer = kStep + kG;
+  static_assert(kG <= kBlockSortPerThread * kThreads, "the candidate sort's capacity");
+  static_assert(kUnroll * int(16 / sizeof(U)) % kR == 0, "slots cover the step evenly");
+  extern __shared__ uint4 threshold_smem[];
+  uint32_t* hist = reinterpret_cast<uint32_t*>(threshold_smem);
+  P* a = reinterpret_cast<P*>(hist + kRadixBins);  // the buffer (first: the maxima)
+  P* spans = a + kBuffer;
+  __shared__ ThresholdShared ts;
+  __shared__ BlockRankShared<kThreads> rank_shared;
+  const int tid = int(threadIdx.x);
+  PhaseTimer timer;
+
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const U* in = x + row * n;
+    const int len = int(lengths.of_loaded(row, n));
+    // The first step: the scalar head and one group of the walk.
+    const int head = row_head_elems(in, len);
+    const int first = len - head > kStep ? head + kStep : len;
+    // 1. T from the first step's group maxima.
+    const P t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, first, k, codec, a, hist, ts, timer);
+    // 2. The row's candidates, the first step again (from L1/L2) and then
+    // the rest, read once.
+    StreamCompact<U, kThreads> stream{{codec, t, &ts.candidates, a, uint32_t(kBuffer)},
+                                      uint32_t(kG), uint32_t(k), spans, hist, &ts};
+    walk_row_steps<U, kUnroll>(in, first, tid, kThreads, stream);
+    stream.index_base = uint32_t(first);
+    walk_row_steps<U, kUnroll>(in + first, len - first, tid, kThreads, stream);
+    __syncthreads();
+    timer.mark(kThresholdPhaseCompact);
+    // 3. At most G candidates, ranked.
+    if (int(ts.candidates) > kG) {  // uniform
+      block_keep_k_largest<kThreads>(a, &ts.candidates, uint32_t(k), spans, hist, ts);
+    }
+    write_candidates_by_rank<U, kThreads>(a, int(ts.candidates), k, spans, hist, rank_shared, codec,
+                                          lengths.pad_bits, values + row * k, indices + row * k);
+    timer.mark(kThresholdPhaseOrder);
     __syncthreads();  // shared memory is reused by the next row
   }
 }

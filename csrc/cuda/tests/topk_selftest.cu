@@ -704,6 +704,32 @@ void run_suite(bool quick, bool big) {
     }
     run_one(d, narrow_rows - 1, 8192, 64, Pattern::kGaussian);  // just below: wide blocks
     g_topk_regime.reset();
+    // Streamed threshold (forced on every length): rows within the first
+    // step (narrow: 2048 float32, wide: 8192 or 16384), just past it, and
+    // many steps; ascending rows raise the threshold at every step; wide
+    // blocks with doubled loads (few rows), plain loads (more rows than SMs)
+    // and narrow blocks.
+    g_topk_regime = TopkRegime::kThresholdStream;
+    for (int64_t rows : {int64_t(5), int64_t(2 * sm + 3), narrow_rows}) {
+      for (int64_t n : {int64_t(1), int64_t(200), int64_t(2049), int64_t(16387), int64_t(65536)}) {
+        for (int64_t k : {int64_t(1), int64_t(33), int64_t(64), int64_t(129), int64_t(256), int64_t(257),
+                          int64_t(1024), kThresholdMaxK}) {
+          if (k > n || (rows != 5 && n > 16387)) continue;
+          if (quick && (rows != 5 || n == 200) && k != 1 && k != 256 && k != kThresholdMaxK) continue;
+          run_one(d, rows, n, k, Pattern::kGaussian);
+          run_one(d, rows, n, k, Pattern::kAscending, /*misaligned=*/true);
+          run_lengths(d, rows, n, k, Pattern::kGaussian);
+          if (!quick || rows == 5) {
+            run_one(d, rows, n, k, Pattern::kAllEqual);
+            run_one(d, rows, n, k, Pattern::kFewValues, /*misaligned=*/true);
+            run_one(d, rows, n, k, Pattern::kDescending);
+            run_one(d, rows, n, k, Pattern::kSpecials);
+            run_lengths(d, rows, n, k, Pattern::kAscending);
+          }
+        }
+      }
+    }
+    g_topk_regime.reset();
     // Few long rows on one threshold block each: more than the cluster
     // kernel takes.
     const int64_t few_threshold_rows = kClusterMaxRows + 1;
@@ -945,6 +971,7 @@ void print_phases(const unsigned long long* cycles, int64_t rows) {
 // The regimes the benchmarks time beside the dispatched one, where they hold
 // the shape (where the thresholds between them lie).
 constexpr TopkRegime kComparedRegimes[] = {TopkRegime::kRegisterRows, TopkRegime::kThresholdRowPerBlock,
+                                           TopkRegime::kThresholdStream,
                                            TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow};
 
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,

@@ -30,6 +30,8 @@ enum class TopkRegime : int {
                          // into their shared memory, exact radix select over DSMEM
   kRegisterRows = 7,     // one 1024-thread block per row, the row read once into
                          // registers, exact radix select, radix sort of the k
+  kThresholdStream = 8,  // one block per row, the row read once: a threshold from
+                         // the first step's group maxima, raised as the row streams
 };
 
 inline const char* topk_regime_name(TopkRegime r) {
@@ -42,6 +44,7 @@ inline const char* topk_regime_name(TopkRegime r) {
     case TopkRegime::kThresholdRowPerBlock: return "threshold_row_per_block";
     case TopkRegime::kClusterRows: return "cluster_rows";
     case TopkRegime::kRegisterRows: return "register_rows";
+    case TopkRegime::kThresholdStream: return "threshold_stream";
   }
   return "?";
 }
@@ -117,6 +120,20 @@ inline constexpr int kThresholdWideThreads = 512;
 inline constexpr int kThresholdNarrowThreads = 128;
 inline constexpr int64_t kThresholdNarrowMaxK = 256;
 inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
+
+// Streamed threshold kernel (kThresholdStream: the row read once, the
+// threshold raised as it streams) for few rows (no more than SMs) whose
+// input is at least kThresholdStreamMinBytes, about the L2 of an H100/H200
+// (50 / 60 MB): there the two-read kernel's second read comes from memory
+// again. Measured on an H200 (benchmarks/results/NOTES.md, eighteenth
+// session; CUDA events): 128 x 131072 float32 (64 MB), k = 50: 39.5 us
+// against 44.3. Behind the two-read kernel wherever its rows fit in L2 (32 x
+// 131072 k64: 35.8 / 33.4), at large k, where the buffer is kept (a block
+// select) every few steps (128 x 131072 k1024: 59.8 / 52.3), and with more
+// rows than SMs, at fewer blocks per SM (1024 x 8192 k64: 41.2 / 29.4;
+// 2048 x 65536 k2048: 779 / 417).
+inline constexpr int64_t kThresholdStreamMinBytes = int64_t(48) << 20;
+inline constexpr int64_t kThresholdStreamMaxK = 64;
 
 // Cluster kernel (kClusterRows; keys of at most 32 bits, devices with
 // thread-block clusters): at most the portable cluster size of blocks per
@@ -220,7 +237,8 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
     return TopkRegime::kClusterRows;
   }
   if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes) {
-    return TopkRegime::kThresholdRowPerBlock;
+    const bool stream = k <= kThresholdStreamMaxK && rows * n * elem_bytes >= kThresholdStreamMinBytes;
+    return stream ? TopkRegime::kThresholdStream : TopkRegime::kThresholdRowPerBlock;
   }
   return TopkRegime::kRadixSplitRow;
 }
@@ -235,7 +253,8 @@ constexpr bool topk_regime_holds(TopkRegime regime, int64_t n, int64_t k, int el
     case TopkRegime::kSmallK: return warp_sort_fits(n, k, elem_bytes);
     case TopkRegime::kRadixRowPerBlock:
     case TopkRegime::kRadixSplitRow: return true;
-    case TopkRegime::kThresholdRowPerBlock: return elem_bytes <= 4 && k <= kThresholdMaxK;
+    case TopkRegime::kThresholdRowPerBlock:
+    case TopkRegime::kThresholdStream: return elem_bytes <= 4 && k <= kThresholdMaxK;
     case TopkRegime::kClusterRows: return cluster_rows_fit(n, k, elem_bytes, has_clusters);
     case TopkRegime::kRegisterRows: return register_rows_fit(n, k, elem_bytes);
   }
