@@ -12,10 +12,14 @@
 #include "jax_topk/keys.h"
 
 // `#pragma unroll` for loops in host-callable code: host compilers warn on it.
+// JAX_TOPK_UNROLL_BY(n): unroll by a constant expression (1 keeps the loop).
+#define JAX_TOPK_PRAGMA(x) _Pragma(#x)
 #if defined(JAX_TOPK_DEVICE_PASS)
 #define JAX_TOPK_UNROLL _Pragma("unroll")
+#define JAX_TOPK_UNROLL_BY(n) JAX_TOPK_PRAGMA(unroll n)
 #else
 #define JAX_TOPK_UNROLL
+#define JAX_TOPK_UNROLL_BY(n)
 #endif
 
 namespace jax_topk::cuda {

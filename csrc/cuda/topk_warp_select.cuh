@@ -234,18 +234,32 @@ JAX_TOPK_UNROLL
   return m;
 }
 
-// Best packed value of the valid slots strictly below `below` (any when
-// `first`); 0 when none.
-template <int E>
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint64_t ws_best_below(const uint32_t (&key)[E], int gl,
-                                                                 int L, int vec, bool vectorised,
-                                                                 int valid_slots, uint64_t below,
-                                                                 bool first) {
+// From this many slots per lane, tier 3 (k rounds of ws_best_below) re-reads
+// the row rather than rank the register keys. Over the register keys the
+// compiler hoists every slot's packed value (two registers) out of the
+// rounds, which holds two registers per slot for the whole kernel: 167
+// registers at 64 slots (12 warps per SM) against 88 with the re-read (20
+// warps). On an H200 (ncu, the row in L2; benchmarks/results/NOTES.md, v10)
+// the re-read took 4096 x 2048 k32 from 20.8 to 18.6 us and k16 from 14.9
+// to 14.3, but 8192 x 1024 k16 (32 slots: 80 -> 56 registers) from 14.3 to
+// 14.9: there the register keys stay.
+inline constexpr int kWsRereadTier3MinSlots = 48;
+
+// Best packed value of the lane's valid slots (the first valid_slots of E)
+// strictly below `below` (any when `first`); 0 when none. key_of(s) is slot
+// s's key; the loop is unrolled over register keys, rolled for the re-read.
+template <int E, typename KeyOf>
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint64_t ws_best_below(KeyOf key_of, int gl, int L, int vec,
+                                                                 bool vectorised, int valid_slots,
+                                                                 uint64_t below, bool first) {
+  constexpr int kUnroll = E >= kWsRereadTier3MinSlots ? 1 : E;
   uint64_t best = 0;
-JAX_TOPK_UNROLL
+JAX_TOPK_UNROLL_BY(kUnroll)
   for (int s = 0; s < E; ++s) {
-    const uint64_t p = ws_pack(key[s], uint32_t(ws_slot_index(s, gl, L, vec, vectorised)));
-    if (s < valid_slots && (first || p < below)) best = max_of(best, p);
+    if (s < valid_slots) {
+      const uint64_t p = ws_pack(key_of(s), uint32_t(ws_slot_index(s, gl, L, vec, vectorised)));
+      if (first || p < below) best = max_of(best, p);
+    }
   }
   return best;
 }
@@ -433,7 +447,14 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     // Tier 3: k rounds of a group argmax (0 once a short row runs out: padding).
     uint64_t prev = 0;
     for (int r = 0; r < k; ++r) {
-      uint64_t best = ws_best_below(key, gl, L, kVec, vectorised, valid_slots, prev, r == 0);
+      const auto key_of = [&](int s) {
+        if constexpr (E >= kWsRereadTier3MinSlots) {
+          return uint32_t(codec.key(in[ws_slot_index(s, gl, L, kVec, vectorised)]));
+        } else {
+          return key[s];
+        }
+      };
+      uint64_t best = ws_best_below<E>(key_of, gl, L, kVec, vectorised, valid_slots, prev, r == 0);
       for (int m = 1; m < L; m *= 2) best = max_of(best, shfl_xor_wide(best, m));
       prev = best;
       if (row_valid && gl == 0) {

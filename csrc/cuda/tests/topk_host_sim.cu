@@ -288,9 +288,8 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
     for (int64_t r = 0; r < k; ++r) {
       uint64_t best = 0;
       for (int gl = 0; gl < L; ++gl) {
-        uint32_t key[E];
-        std::copy(keys[size_t(gl)].begin(), keys[size_t(gl)].end(), key);
-        best = std::max(best, ws_best_below(key, gl, L, kVec, vectorised, nvalid[size_t(gl)], prev, r == 0));
+        const auto key_of = [&](int s) { return keys[size_t(gl)][size_t(s)]; };
+        best = std::max(best, ws_best_below<E>(key_of, gl, L, kVec, vectorised, nvalid[size_t(gl)], prev, r == 0));
       }
       result[size_t(r)] = best;
       prev = best;
