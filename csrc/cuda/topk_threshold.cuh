@@ -145,18 +145,17 @@ struct CompactAtLeast {
   uint32_t* counter;
   P* out;
   uint32_t capacity;
-  uint32_t index_base = 0;  // row index of the walk's element 0
   uint32_t mask = 0;     // this step's candidates, by pos (scan)
   uint32_t pending = 0;  // ... handed to emit by between()
   uint32_t slot = 0;
   uint32_t reserved_end = 0;  // *counter after this warp's reservation in the step (0: none)
   __device__ JAX_TOPK_FORCE_INLINE P packed(U bits, int i) const {
-    return KeyIndexPacking<U, P>::pack(codec.key(bits), index_base + uint32_t(i));
+    return KeyIndexPacking<U, P>::pack(codec.key(bits), uint32_t(i));
   }
   // packed(bits, i) >= t, on 32-bit halves (keys at bit 32 of the packing).
   __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
     const uint32_t key = codec.key(bits), t_key = uint32_t(t >> 32);
-    const bool take = key > t_key || (key == t_key && ~(index_base + uint32_t(i)) >= uint32_t(t));
+    const bool take = key > t_key || (key == t_key && ~uint32_t(i) >= uint32_t(t));
     if (valid && take) mask |= 1u << pos;
   }
   __device__ JAX_TOPK_FORCE_INLINE uint32_t emit_mask() const { return pending; }
@@ -466,13 +465,11 @@ __global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, k
     const int first = len - head > kStep ? head + kStep : len;
     // 1. T from the first step's group maxima.
     const P t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, first, k, codec, a, hist, ts, timer);
-    // 2. The row's candidates, the first step again (from L1/L2) and then
-    // the rest, read once.
+    // 2. The row's candidates: the walk's first group is the first step
+    // again (from L1/L2), the rest is read once.
     StreamCompact<U, kThreads> stream{{codec, t, &ts.candidates, a, uint32_t(kBuffer)},
                                       uint32_t(kG), uint32_t(k), spans, hist, &ts};
-    walk_row_steps<U, kUnroll>(in, first, tid, kThreads, stream);
-    stream.index_base = uint32_t(first);
-    walk_row_steps<U, kUnroll>(in + first, len - first, tid, kThreads, stream);
+    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, stream);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
     // 3. At most G candidates, ranked.
