@@ -43,9 +43,10 @@ def assert_gpu_equals_cpu(z, k, bias=None, **kwargs):
                                        (256, 8), (512, 9), (1000, 32)])
 def test_gpu_equals_cpu(config, dtype, experts, k, rng):
     # 257 tokens: the last warp is partial. 5 and 16 experts: several tokens per warp. 33..256
-    # experts: routes that rank the logits take 4 lanes per token (lists of 4, 8, 16; 33 and 100
-    # leave the lanes uneven; 128 with k = 16 fills the longest list). 32, 512 and 1000
-    # experts: one warp per token with 1, 16 and 32 slots per lane.
+    # experts: routes that rank the logits take top_k's warp-select kernel (4..32 lanes per
+    # token; 33 and 100 leave the lanes uneven, 100 in 16-byte vectors with filled slots;
+    # 128 with k = 16 takes the most output slots). 32, 512 and 1000 experts: one warp per
+    # token with 1, 16 and 32 slots per lane.
     if config["groups"] and experts % config["groups"][0]:
         pytest.skip("groups must divide the experts")
     z = jnp.asarray(rng.standard_normal((257, experts)) * 3).astype(dtype)

@@ -6,8 +6,8 @@
 // hardware's approximations first and score exactly only the experts that
 // can be chosen (route_token_by_bounds). Groups of 32 experts
 // (one slot each) are ranked by warp reductions, others in shared memory.
-// Routes that rank the logits themselves take 4 lanes per token instead
-// (route_by_logits_kernel).
+// Routes that rank the logits themselves take top_k's warp-select kernel
+// instead (RouteByLogitsOutput).
 // The softmax normaliser is summed exactly (route_math::ExactSum: any order
 // gives the same bits) and renormalisations in the canonical order (xor
 // butterfly) that cpu/routing_cpu.cc emulates, so both produce the same bits.
@@ -17,6 +17,7 @@
 #include "cuda/device_info.h"
 #include "cuda/route_bounds.cuh"
 #include "cuda/routing_cuda.h"
+#include "cuda/topk_warp_select.cuh"
 
 namespace jax_topk::cuda {
 namespace {
@@ -732,139 +733,96 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   }
 }
 
-// ---- Routes that rank the logits themselves, several lanes per token ---------
+// ---- Routes that rank the logits themselves: top_k's warp-select kernel -----
 // No bias, no groups and no softmax normaliser (a renormalised softmax, or a
 // sigmoid / sqrt(softplus) score): the selection is the k best logits, and
-// only the k chosen need a score. A warp per token spends most of its
-// instructions on 32-lane reductions for what is a small top-k, so here
-// kTokenLanes lanes share a token: each keeps a sorted register list of the
-// kList best keys of its experts (lane, lane + 4, ...), the lists are merged
-// by shuffles, and each lane writes every kTokenLanes-th output.
-constexpr int kTokenLanes = 4;
-constexpr int kLaneRouteMaxExperts = 256;  // ~64 experts per lane at most: the loop is serial
+// only the k chosen need a score. These routes run top_k's threshold-filter
+// kernel (topk_warp_select.cuh: L lanes per token, the row in registers, a
+// guaranteed threshold, the few candidates ranked) with RouteByLogitsOutput
+// as its policy: its keys are rm::selection_key (every NaN as +NaN, so a NaN
+// logit ranks first), the ranked k wait in shared memory, and finish() makes
+// them weights: lane j of the token's lanes decodes the j-th chosen logit
+// from its key, scores it, and the lanes sum the k numerators in the
+// canonical butterfly. (It replaced a kernel of 4 lanes per token with sorted
+// register lists: Qwen3-MoE 13.9 -> 9.2 us on an H200; NOTES, routing v9.)
+constexpr int kByLogitsMaxExperts = 256;
+constexpr int kByLogitsMaxK = 16;
+// Slots per lane warp_select gives a row of at most kByLogitsMaxExperts
+// (ws_lanes keeps <= kWarpSelectElemsPerLane elements per lane).
+constexpr int kByLogitsMaxSlots = 24;
+static_assert(kByLogitsMaxExperts <= 32 * kWarpSelectElemsPerLane && kWarpSelectElemsPerLane <= kByLogitsMaxSlots,
+              "rows of kByLogitsMaxExperts take at most kByLogitsMaxSlots slots per lane");
 
-// Offers expert `e` with selection key `key` to a lane's list of keys sorted
-// best first (0 = empty slot: every real key is above it). A lane offers its
-// experts in increasing order, so an equal key goes after the ones already
-// there: ties keep the lower expert first. Static indices only (registers).
-template <int kList>
-__device__ __forceinline__ void offer_to_list(uint32_t (&key)[kList], int32_t (&id)[kList], uint32_t k_new,
-                                              int32_t e) {
-#pragma unroll
-  for (int j = kList - 1; j > 0; --j) {
-    const bool above_previous = k_new > key[j - 1], above_here = k_new > key[j];
-    id[j] = above_previous ? id[j - 1] : (above_here ? e : id[j]);
-    key[j] = above_previous ? key[j - 1] : (above_here ? k_new : key[j]);
-  }
-  id[0] = k_new > key[0] ? e : id[0];
-  key[0] = k_new > key[0] ? k_new : key[0];
-}
+template <DType D>
+struct RouteByLogitsOutput {
+  using Bits = std::conditional_t<D == DType::float32, uint32_t, uint16_t>;
+  static constexpr int kRowSlots = kByLogitsMaxK;
+  const void* logits;
+  float* weights;
+  int32_t* ids;
+  int experts;
+  int k;
+  RouteScore score;
+  bool renormalize;
+  float scale;
 
-// The kList best of two lists sorted best first, sorted best first: the
-// elementwise max of one list and the other reversed is a bitonic sequence
-// holding the kList best, which a bitonic half-cleaner network sorts.
-template <int kList>
-__device__ __forceinline__ void merge_lists(uint64_t (&list)[kList], const uint64_t (&other)[kList]) {
-#pragma unroll
-  for (int j = 0; j < kList; ++j) list[j] = other[kList - 1 - j] > list[j] ? other[kList - 1 - j] : list[j];
-#pragma unroll
-  for (int half = kList / 2; half > 0; half /= 2) {
-#pragma unroll
-    for (int j = 0; j < kList; ++j) {
-      if ((j & half) == 0) {
-        const uint64_t a = list[j], b = list[j + half];
-        list[j] = a > b ? a : b;
-        list[j + half] = a > b ? b : a;
-      }
+  __device__ __forceinline__ static float logit_of(Bits bits) {
+    if constexpr (D == DType::float32) {
+      return __uint_as_float(bits);
+    } else if constexpr (D == DType::bfloat16) {
+      return __uint_as_float(uint32_t(bits) << 16);
+    } else {
+      return half_bits_to_float(bits);
     }
   }
-}
+  __device__ __forceinline__ uint32_t key(Bits bits) const { return rm::selection_key(logit_of(bits)); }
+  // -inf: the lowest key selection_key gives (it has no key 0); a fill tied
+  // with a -inf logit can only lower the threshold.
+  __device__ __forceinline__ Bits fill_bits() const {
+    return D == DType::float32 ? Bits(0xFF800000u) : D == DType::bfloat16 ? Bits(0xFF80u) : Bits(0xFC00u);
+  }
+  __device__ __forceinline__ void put(uint64_t p, int64_t, int rank, uint64_t* row_out) const { row_out[rank] = p; }
 
-template <DType D, int kList>
-__global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
-    route_by_logits_kernel(const void* __restrict__ logits, float* __restrict__ weights, int32_t* __restrict__ ids,
-                           RouteConfig cfg) {
-  constexpr int kTokensPerWarp = kLanes / kTokenLanes;
-  const int lane = threadIdx.x % kTokenLanes;
-  const int segment = (threadIdx.x % kLanes) / kTokenLanes;
-  const int warp = threadIdx.x / kLanes;
-  const bool softmax = cfg.score == RouteScore::kSoftmax;
-  const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kTokensPerWarp;
-  // The loop bound is the same for the whole warp (its shuffles need every lane).
-  for (int64_t first = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kTokensPerWarp; first < cfg.tokens;
-       first += stride) {
-    const int64_t token = first + segment;
-    const bool active = token < cfg.tokens;
-    const int64_t row = active ? token * cfg.experts : 0;
-    uint32_t best_key[kList];
-    int32_t best_id[kList];
-#pragma unroll
-    for (int j = 0; j < kList; ++j) best_key[j] = 0, best_id[j] = 0;
-    float m = -__int_as_float(0x7F800000);
-    // kChunk loads in flight per lane, then their keys: one memory latency
-    // per chunk, not per expert.
-    constexpr int kChunk = 8;
-    for (int base = lane; active && base < cfg.experts; base += kChunk * kTokenLanes) {
-      float z[kChunk];
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        const int e = base + i * kTokenLanes;
-        z[i] = e < cfg.experts ? load_logit<D>(logits, row + e) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) {
-        const int e = base + i * kTokenLanes;
-        if (e < cfg.experts) {
-          m = rm::max_propagating(m, z[i]);
-          const uint32_t key = rm::selection_key(z[i]);
-          if (key > best_key[kList - 1]) offer_to_list(best_key, best_id, key, e);
-        }
-      }
-    }
-    uint64_t list[kList];  // packed for the merges, where lists of different experts meet
-#pragma unroll
-    for (int j = 0; j < kList; ++j) list[j] = best_key[j] ? rm::pack_candidate(true, best_key[j], best_id[j]) : 0;
-#pragma unroll
-    for (int offset = 1; offset < kTokenLanes; offset *= 2) {
-      uint64_t other[kList];
-#pragma unroll
-      for (int j = 0; j < kList; ++j) other[j] = warp_shfl_xor(list[j], offset);
-      merge_lists(list, other);
-      m = rm::max_propagating(m, warp_shfl_xor(m, offset));
-    }
-    // Every lane of the token now holds its kList best and the softmax
-    // shift; a softmax with a NaN or infinite shift has every score NaN, and
-    // NaN scores tie, so the k lowest experts win.
+  // The logit a selection key came from (a NaN key: NaN; every NaN the
+  // scores and weights make from it is the GPU's canonical NaN either way).
+  __device__ __forceinline__ static float logit_of_key(uint64_t packed) {
+    return __uint_as_float(bits_from_key<KeyKind::kFloat>(uint32_t(packed >> 32)));
+  }
+
+  __device__ __forceinline__ void finish(int64_t token, bool active, int log2_lanes, uint64_t* row_out) const {
+    warp_sync();  // row_out was put by the ranking lanes
+    const int j = lane_id() & ((1 << log2_lanes) - 1);
+    const bool softmax = score == RouteScore::kSoftmax;
+    // The softmax shift, max_propagating over the row: the first chosen
+    // logit, NaN if the row has one. A softmax with a NaN or infinite shift
+    // has every score NaN, and NaN scores tie, so the k lowest experts win.
+    const float m = active ? logit_of_key(row_out[0]) : 0.0f;
     const bool degenerate = softmax && !(m - m == 0.0f);
-    double numerator[kList];
-#pragma unroll
-    for (int j = 0; j < kList; ++j) {
-      numerator[j] = 0.0;
-      if (active && j < cfg.k) {
-        const float z = load_logit<D>(logits, row + (degenerate ? j : rm::candidate_index(list[j])));
-        numerator[j] = softmax ? rm::softmax_exp(z, m) : score_of(cfg.score, z);
-      }
+    const bool mine = active && j < k;
+    const uint64_t chosen = mine ? row_out[j] : 0;
+    const int32_t id = degenerate ? j : int32_t(~uint32_t(chosen));
+    double numerator = 0.0;
+    if (mine) {
+      const float z = degenerate ? load_logit<D>(logits, token * experts + j) : logit_of_key(chosen);
+      numerator = softmax ? rm::softmax_exp(z, m) : score_of(score, z);
     }
     double denominator = 1.0;
-    if (cfg.renormalize) {  // the canonical butterfly; levels above the k numerators add +0
-      double partial[kList];
-#pragma unroll
-      for (int j = 0; j < kList; ++j) partial[j] = numerator[j];
-      denominator = rm::butterfly_sum(partial);
-    }
-#pragma unroll
-    for (int j = 0; j < kList; ++j) {
-      if (active && j < cfg.k && j % kTokenLanes == lane) {
-        weights[token * cfg.k + j] = rm::weight(float(numerator[j]), denominator, cfg.scale);
-        ids[token * cfg.k + j] = degenerate ? j : rm::candidate_index(list[j]);
+    if (renormalize) {  // the canonical butterfly; lanes j >= k add +0 (k <= lanes)
+      denominator = numerator;
+      for (int offset = rm::butterfly_width(k) / 2; offset > 0; offset /= 2) {
+        denominator = rm::add(denominator, warp_shfl_xor(denominator, offset));
       }
     }
+    if (mine) {
+      weights[token * k + j] = rm::weight(float(numerator), denominator, scale);
+      ids[token * k + j] = id;
+    }
   }
-}
+};
 
-bool routes_by_logits_in_lanes(const RouteConfig& cfg) {
+bool routes_by_logits(const RouteConfig& cfg) {
   return !cfg.selects_by_score() && !cfg.needs_softmax_sum() && cfg.experts > 16 &&
-         cfg.experts <= kLaneRouteMaxExperts && cfg.k <= 16;
+         cfg.experts <= kByLogitsMaxExperts && cfg.k <= kByLogitsMaxK;
 }
 
 // Blocks for `tokens` at `tokens_per_block`: enough warps for every SM to
@@ -919,28 +877,25 @@ gpuError_t launch(const RouteInputs& in, float* weights, int32_t* ids, const Rou
   return launch_kernel<D, kSlots, kWidth>(in, weights, ids, cfg, stream);
 }
 
-template <DType D, int kList>
+template <DType D>
 gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, const RouteConfig& cfg,
                             gpuStream_t stream) {
-  DeviceInfo dev;
-  gpuError_t err = query_device(&dev);
-  if (err != gpuSuccess) return err;
-  const unsigned blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * (kLanes / kTokenLanes), dev);
-  route_by_logits_kernel<D, kList><<<blocks, kWarpsPerBlock * kLanes, 0, stream>>>(logits, weights, ids, cfg);
-  return gpuGetLastError();
+  using Out = RouteByLogitsOutput<D>;
+  using Bits = typename Out::Bits;
+  const Out out{logits, weights, ids, cfg.experts, cfg.k, cfg.score, cfg.renormalize, cfg.scale};
+  const bool vectorised = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (cfg.experts * sizeof(Bits)) % 16 == 0;
+  return launch_warp_select_rows<Bits, Out, kByLogitsMaxSlots>(static_cast<const Bits*>(logits), cfg.tokens,
+                                                              cfg.experts, cfg.k, vectorised, out,
+                                                              RowLengths<Bits>{nullptr, Bits(0)}, stream);
 }
 
-// Routes that rank the logits: several lanes per token (lists of 4, 8 or 16).
+// Routes that rank the logits: top_k's warp-select kernel (launch_by_logits).
 // Otherwise slots per lane: the smallest of these holding experts / 32. Up to
 // 16 experts without groups: several tokens per warp, one lane per expert.
 template <DType D>
 gpuError_t launch_for_experts(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
                                gpuStream_t stream) {
-  if (routes_by_logits_in_lanes(cfg)) {
-    if (cfg.k <= 4) return launch_by_logits<D, 4>(in.logits, weights, ids, cfg, stream);
-    if (cfg.k <= 8) return launch_by_logits<D, 8>(in.logits, weights, ids, cfg, stream);
-    return launch_by_logits<D, 16>(in.logits, weights, ids, cfg, stream);
-  }
+  if (routes_by_logits(cfg)) return launch_by_logits<D>(in.logits, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 4) return launch<D, 1, 4>(in, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 8) return launch<D, 1, 8>(in, weights, ids, cfg, stream);
   if (cfg.n_groups == 0 && cfg.experts <= 16) return launch<D, 1, 16>(in, weights, ids, cfg, stream);

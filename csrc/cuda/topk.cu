@@ -157,41 +157,14 @@ template <typename U>
 gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
                                int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
                                gpuStream_t stream) {
-  constexpr int kVec = int(16 / sizeof(U));
-  const int lanes = ws_lanes(n, k);
-  const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
-  const bool two_groups = ws_two_groups(lanes, k);
-  const bool vectorised = warp_rows_vectorised(x, n, lengths);
-  const int slots = ws_slots(n, lanes, kVec);
-  const int capacity = ws_capacity(n);
-  const int64_t blocks = (rows * lanes + kWarpSelectThreads - 1) / kWarpSelectThreads;
-  if (blocks > INT_MAX) return gpuErrorInvalidValue;
-  const size_t smem = size_t(kWarpSelectThreads / lanes) * size_t(capacity + 1) * sizeof(uint64_t);
-  const dim3 grid{unsigned(blocks)};
-#define JAX_TOPK_WARP_SELECT_CASE(E)                                                            \
-  case E:                                                                                       \
-    if constexpr (E % kVec == 0) {                                                              \
-      warp_select_topk_kernel<U, E><<<grid, kWarpSelectThreads, smem, stream>>>(                \
-          x, values, indices, rows, int(n), int(k), log2_lanes, two_groups, vectorised,         \
-          capacity, codec, lengths);                                                            \
-      break;                                                                                    \
-    } else {                                                                                    \
-      return gpuErrorInvalidValue;                                                             \
-    }
-  switch (slots) {
-    JAX_TOPK_WARP_SELECT_CASE(4)
-    JAX_TOPK_WARP_SELECT_CASE(8)
-    JAX_TOPK_WARP_SELECT_CASE(12)
-    JAX_TOPK_WARP_SELECT_CASE(16)
-    JAX_TOPK_WARP_SELECT_CASE(24)
-    JAX_TOPK_WARP_SELECT_CASE(32)
-    JAX_TOPK_WARP_SELECT_CASE(48)
-    JAX_TOPK_WARP_SELECT_CASE(64)
-    default:
-      return gpuErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64
-  }
-#undef JAX_TOPK_WARP_SELECT_CASE
-  return gpuGetLastError();
+  WsTopkOutput<U> out;
+  out.codec = codec;
+  out.pad_bits = lengths.pad_bits;
+  out.values = values;
+  out.indices = indices;
+  out.k = int(k);
+  return launch_warp_select_rows<U>(x, rows, n, k, warp_rows_vectorised(x, n, lengths), out, lengths,
+                                    stream);
 }
 
 // Sorts the unsorted survivors [rows][k] with the library radix sort (CUB, rocPRIM) and writes the outputs.

@@ -28,6 +28,10 @@
 // Deterministic: candidate order in shared memory depends only on the layout,
 // and ranks of distinct packed values are unique.
 //
+// What happens to the ranked k is the kernel's policy `Out` (keys, put,
+// finish; see WsTopkOutput): top_k writes values and indices, and fused
+// routing by logits (routing.cu, RouteByLogitsOutput) turns them into weights.
+//
 // Per-row lengths: the row's length `len` replaces n as the bound of the valid
 // slots (the slot layout still follows n). A row shorter than k has fewer than
 // k candidates (T is an empty group's 0, so all its elements are), and the
@@ -35,6 +39,9 @@
 // scalar layout: a 16-byte vector straddling `len` would need a per-element
 // mask on the whole-row path.
 #pragma once
+
+#include <climits>
+#include <type_traits>
 
 #include "cuda/primitives.cuh"
 #include "jax_topk/topk_dispatch.h"
@@ -132,23 +139,34 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE WsMask<E> ws_prefix_mask(int count) {
   return count >= kBits ? ~M(0) : ((M(1) << count) - M(1));
 }
 
+// The kernel's keys are a policy (`Out` below: key(bits), fill_bits()).
+// top_k's: the dtype's total order (KeyCodec), with the bits of key 0 as the
+// fill of invalid slots.
+template <typename U>
+struct WsTotalOrderKeys {
+  KeyCodec<U> codec;
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint32_t key(U bits) const { return uint32_t(codec.key(bits)); }
+  JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE U fill_bits() const { return codec.bits(U(0)); }
+};
+
 // Loads lane gl's E slots of a row of length n (for the vector layout a
-// multiple of the vector) as ordered keys. Invalid slots load the bits whose
-// key is 0, so they never raise a maximum (callers mask them out of the
-// candidates with the valid-slot prefix).
-template <typename U, int E>
+// multiple of the vector) as keys. Invalid slots load keys.fill_bits(), whose
+// key is at or below every element's (top_k: 0), so they never raise a
+// maximum above an element (callers mask them out of the candidates with the
+// valid-slot prefix).
+template <typename U, int E, typename Keys>
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE void ws_load_keys(const U* __restrict__ row, int n,
                                                             bool vectorised, int gl, int L,
-                                                            bool row_valid, KeyCodec<U> codec,
+                                                            bool row_valid, const Keys& keys,
                                                             uint32_t (&key)[E]) {
   constexpr int kVec = int(16 / sizeof(U));
   static_assert(E % kVec == 0, "whole vectors");
-  const U zero_key_bits = codec.bits(U(0));
+  const U fill_bits = keys.fill_bits();
   if (vectorised) {
     constexpr int kVecs = E / kVec;
     Vec16<U> fill;
 JAX_TOPK_UNROLL
-    for (int e = 0; e < kVec; ++e) fill.elems[e] = zero_key_bits;
+    for (int e = 0; e < kVec; ++e) fill.elems[e] = fill_bits;
     const uint4* vecs = reinterpret_cast<const uint4*>(row);
     Vec16<U> data[kVecs];
 JAX_TOPK_UNROLL
@@ -160,14 +178,14 @@ JAX_TOPK_UNROLL
 JAX_TOPK_UNROLL
     for (int q = 0; q < kVecs; ++q) {
 JAX_TOPK_UNROLL
-      for (int e = 0; e < kVec; ++e) key[q * kVec + e] = uint32_t(codec.key(data[q].elems[e]));
+      for (int e = 0; e < kVec; ++e) key[q * kVec + e] = keys.key(data[q].elems[e]);
     }
   } else {
 JAX_TOPK_UNROLL
     for (int s = 0; s < E; ++s) {
       const int i = s * L + gl;
       const bool valid = row_valid && i < n;
-      key[s] = uint32_t(codec.key(valid ? row[i] : zero_key_bits));
+      key[s] = keys.key(valid ? row[i] : fill_bits);
     }
   }
 }
@@ -396,12 +414,31 @@ __device__ JAX_TOPK_FORCE_INLINE T ws_threshold(T m0, T m1, bool two_groups, int
   return ws_kth<1>(v, group_base, k);
 }
 
-template <typename U, int E>
+// What the kernel does with a row's k best is a policy, `Out`: its keys
+// (key(bits), fill_bits()), put(p, row, rank, row_out) for the packed value
+// of rank `rank` (0 past a row shorter than k; called by one lane), and
+// finish(row, row_valid, log2_lanes, row_out) once the row's k are put
+// (called by every lane; the route's epilogue). Out::kRowSlots packed values
+// of shared memory per row (row_out) hold what put leaves for finish.
+// top_k's policy writes each value and index as it is ranked.
+template <typename U>
+struct WsTopkOutput : WsTotalOrderKeys<U> {
+  static constexpr int kRowSlots = 0;
+  U pad_bits;
+  U* __restrict__ values;
+  int32_t* __restrict__ indices;
+  int k;
+  __device__ JAX_TOPK_FORCE_INLINE void put(uint64_t p, int64_t row, int rank, uint64_t*) const {
+    write_packed_output(p, this->codec, pad_bits, values, indices, row * int64_t(k) + rank);
+  }
+  __device__ JAX_TOPK_FORCE_INLINE void finish(int64_t, bool, int, uint64_t*) const {}
+};
+
+template <typename U, int E, typename Out>
 __global__ void __launch_bounds__(kWarpSelectThreads)
-    warp_select_topk_kernel(const U* __restrict__ x, U* __restrict__ values,
-                            int32_t* __restrict__ indices, int64_t rows, int n, int k,
-                            int log2_lanes, bool two_groups, bool vectorised, int capacity,
-                            KeyCodec<U> codec, RowLengths<U> lengths) {
+    warp_select_topk_kernel(const U* __restrict__ x, int64_t rows, int n, int k, int log2_lanes,
+                            bool two_groups, bool vectorised, int capacity, Out out,
+                            RowLengths<U> lengths) {
   using M = WsMask<E>;
   constexpr int kVec = int(16 / sizeof(U));
   extern __shared__ uint64_t ws_smem[];
@@ -414,13 +451,16 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
   const int64_t row = thread >> log2_lanes;
   const bool row_valid = row < rows;  // lanes past the last row still join the shuffles
   const U* in = x + (row_valid ? row : 0) * int64_t(n);
+  const int row_in_block = int(threadIdx.x >> log2_lanes);
   const int seg_stride = capacity + 1;  // +1: rows of one warp start in different banks
-  uint64_t* seg = ws_smem + int64_t(threadIdx.x >> log2_lanes) * seg_stride;
+  uint64_t* seg = ws_smem + int64_t(row_in_block) * seg_stride;
+  uint64_t* row_out = ws_smem + int64_t(kWarpSelectThreads >> log2_lanes) * seg_stride +
+                      int64_t(row_in_block) * Out::kRowSlots;
 
   const int len = row_valid ? int(lengths.of(row, n)) : 0;  // == n when vectorised
 
   uint32_t key[E];
-  ws_load_keys<U, E>(in, len, vectorised, gl, L, row_valid, codec, key);
+  ws_load_keys<U, E>(in, len, vectorised, gl, L, row_valid, out, key);
   const int valid_slots = row_valid ? ws_valid_slots(len, gl, log2_lanes, kVec, vectorised, E) : 0;
   const M valid_mask = ws_prefix_mask<E>(valid_slots);
 
@@ -442,14 +482,13 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     offset = ws_group_scan(ws_popc(cand), gl, group_base, log2_lanes, &total);
     overflow = warp_any(total > capacity);
   }
-  const int64_t out = row * int64_t(k);
   if (overflow) {
     // Tier 3: k rounds of a group argmax (0 once a short row runs out: padding).
     uint64_t prev = 0;
     for (int r = 0; r < k; ++r) {
       const auto key_of = [&](int s) {
         if constexpr (E >= kWsRereadTier3MinSlots) {
-          return uint32_t(codec.key(in[ws_slot_index(s, gl, L, kVec, vectorised)]));
+          return out.key(in[ws_slot_index(s, gl, L, kVec, vectorised)]);
         } else {
           return key[s];
         }
@@ -457,38 +496,80 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
       uint64_t best = ws_best_below<E>(key_of, gl, L, kVec, vectorised, valid_slots, prev, r == 0);
       for (int m = 1; m < L; m *= 2) best = max_of(best, shfl_xor_wide(best, m));
       prev = best;
-      if (row_valid && gl == 0) {
-        write_packed_output(best, codec, lengths.pad_bits, values, indices, out + r);
-      }
+      if (row_valid && gl == 0) out.put(best, row, r, row_out);
     }
-    return;
-  }
-
-  // Compaction: re-read each candidate (an L1 hit) rather than index the
-  // register array at run time.
-  while (cand != 0) {
-    const int s = ws_lowest_bit(cand);
-    cand &= cand - M(1);
-    const uint32_t i = uint32_t(ws_slot_index(s, gl, L, kVec, vectorised));
-    seg[offset++] = ws_pack(uint32_t(codec.key(in[i])), i);
-  }
-  warp_sync();
-  if (!row_valid) return;
-  // Candidate j writes itself at its rank. Fewer candidates than k only in a
-  // row shorter than k (all its elements are candidates): the same loop
-  // writes its slots [total, k) as padding (packed 0 at slot j), which costs
-  // fewer registers than a loop of its own.
-  const int slots = total > k ? total : k;
-  for (int j = gl; j < slots; j += L) {
-    uint64_t p = 0;
-    int rank = j;
-    if (j < total) {
-      p = seg[j];
-      rank = 0;
+  } else {
+    // Compaction: re-read each candidate (an L1 hit) rather than index the
+    // register array at run time.
+    while (cand != 0) {
+      const int s = ws_lowest_bit(cand);
+      cand &= cand - M(1);
+      const uint32_t i = uint32_t(ws_slot_index(s, gl, L, kVec, vectorised));
+      seg[offset++] = ws_pack(out.key(in[i]), i);
+    }
+    warp_sync();
+    // Candidate j puts itself at its rank. Fewer candidates than k only in a
+    // row shorter than k (all its elements are candidates): the same loop
+    // puts its slots [total, k) as padding (packed 0 at slot j), which costs
+    // fewer registers than a loop of its own.
+    const int slots = total > k ? total : k;
+    for (int j = gl; row_valid && j < slots; j += L) {
+      uint64_t p = 0;
+      int rank = j;
+      if (j < total) {
+        p = seg[j];
+        rank = 0;
 #pragma unroll 4
-      for (int i = 0; i < total; ++i) rank += seg[i] > p ? 1 : 0;
+        for (int i = 0; i < total; ++i) rank += seg[i] > p ? 1 : 0;
+      }
+      if (rank < k) out.put(p, row, rank, row_out);
     }
-    if (rank < k) write_packed_output(p, codec, lengths.pad_bits, values, indices, out + rank);
+  }
+  out.finish(row, row_valid, log2_lanes, row_out);
+}
+
+// Shared memory of warp_select_topk_kernel<..., Out> for rows of n on
+// `lanes` lanes: each row's candidate segment, then its Out::kRowSlots.
+template <typename Out>
+JAX_TOPK_HOST_DEVICE inline size_t ws_smem_bytes(int64_t n, int lanes) {
+  return size_t(kWarpSelectThreads / lanes) * size_t(ws_capacity(n) + 1 + Out::kRowSlots) * sizeof(uint64_t);
+}
+
+// Launches warp_select_topk_kernel<U, E, Out> over `rows` rows of n (n <=
+// kWarpSelectMaxN, k <= 32) with E the slot count the layout needs (callers
+// whose rows need fewer than kMaxSlots instantiate no more).
+template <typename U, typename Out, int kMaxSlots = kWsMaxSlots>
+gpuError_t launch_warp_select_rows(const U* x, int64_t rows, int64_t n, int64_t k, bool vectorised,
+                                   const Out& out, RowLengths<U> lengths, gpuStream_t stream) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const int lanes = ws_lanes(n, k);
+  const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
+  const bool two_groups = ws_two_groups(lanes, k);
+  const int slots = ws_slots(n, lanes, kVec);
+  const int64_t blocks = (rows * lanes + kWarpSelectThreads - 1) / kWarpSelectThreads;
+  if (blocks > INT_MAX) return gpuErrorInvalidValue;
+  const size_t smem = ws_smem_bytes<Out>(n, lanes);
+  const dim3 grid{unsigned(blocks)};
+  const auto launch = [&](auto slot_count) -> gpuError_t {
+    constexpr int E = decltype(slot_count)::value;
+    if constexpr (E % kVec == 0 && E <= kMaxSlots) {
+      warp_select_topk_kernel<U, E, Out><<<grid, kWarpSelectThreads, smem, stream>>>(
+          x, rows, int(n), int(k), log2_lanes, two_groups, vectorised, ws_capacity(n), out, lengths);
+      return gpuGetLastError();
+    } else {
+      return gpuErrorInvalidValue;
+    }
+  };
+  switch (slots) {
+    case 4: return launch(std::integral_constant<int, 4>{});
+    case 8: return launch(std::integral_constant<int, 8>{});
+    case 12: return launch(std::integral_constant<int, 12>{});
+    case 16: return launch(std::integral_constant<int, 16>{});
+    case 24: return launch(std::integral_constant<int, 24>{});
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 48: return launch(std::integral_constant<int, 48>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    default: return gpuErrorInvalidValue;  // n <= kWarpSelectMaxN keeps slots <= 64
   }
 }
 #endif  // JAX_TOPK_GPU_COMPILER

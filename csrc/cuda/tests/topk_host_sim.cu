@@ -207,7 +207,7 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
   std::vector<M> vmask(static_cast<size_t>(L));
   for (int gl = 0; gl < L; ++gl) {
     uint32_t key[E];
-    ws_load_keys<U, E>(row.data(), int(len), vectorised, gl, L, true, codec, key);
+    ws_load_keys<U, E>(row.data(), int(len), vectorised, gl, L, true, WsTotalOrderKeys<U>{codec}, key);
     std::copy(key, key + E, keys[size_t(gl)].begin());
     nvalid[size_t(gl)] = ws_valid_slots(int(len), gl, log2_lanes, kVec, vectorised, E);
     vmask[size_t(gl)] = ws_prefix_mask<E>(nvalid[size_t(gl)]);
