@@ -27,15 +27,21 @@ namespace rm = route_math;
 constexpr int kLanes = kRouteLanes;
 constexpr int kWarpsPerBlock = 4;
 
+// A logit of dtype D as float32 (exact), from its bits.
+template <DType D>
+__device__ __forceinline__ float logit_from_bits(typename DTypeTraits<D>::Bits bits) {
+  if constexpr (D == DType::float32) {
+    return __uint_as_float(bits);
+  } else if constexpr (D == DType::bfloat16) {
+    return __uint_as_float(uint32_t(bits) << 16);
+  } else {
+    return half_bits_to_float(bits);
+  }
+}
+
 template <DType D>
 __device__ __forceinline__ float load_logit(const void* logits, int64_t i) {
-  if constexpr (D == DType::float32) {
-    return __ldg(static_cast<const float*>(logits) + i);
-  } else if constexpr (D == DType::bfloat16) {
-    return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(logits) + i)) << 16);
-  } else {
-    return half_bits_to_float(__ldg(static_cast<const unsigned short*>(logits) + i));
-  }
+  return logit_from_bits<D>(__ldg(static_cast<const typename DTypeTraits<D>::Bits*>(logits) + i));
 }
 
 __device__ __forceinline__ uint64_t warp_max(uint64_t v) {
@@ -755,7 +761,7 @@ static_assert(kByLogitsMaxExperts <= 32 * kWarpSelectElemsPerLane && kWarpSelect
 
 template <DType D>
 struct RouteByLogitsOutput {
-  using Bits = std::conditional_t<D == DType::float32, uint32_t, uint16_t>;
+  using Bits = typename DTypeTraits<D>::Bits;
   static constexpr int kRowSlots = kByLogitsMaxK;
   const void* logits;
   float* weights;
@@ -766,21 +772,11 @@ struct RouteByLogitsOutput {
   bool renormalize;
   float scale;
 
-  __device__ __forceinline__ static float logit_of(Bits bits) {
-    if constexpr (D == DType::float32) {
-      return __uint_as_float(bits);
-    } else if constexpr (D == DType::bfloat16) {
-      return __uint_as_float(uint32_t(bits) << 16);
-    } else {
-      return half_bits_to_float(bits);
-    }
-  }
-  __device__ __forceinline__ uint32_t key(Bits bits) const { return rm::selection_key(logit_of(bits)); }
-  // -inf: the lowest key selection_key gives (it has no key 0); a fill tied
-  // with a -inf logit can only lower the threshold.
-  __device__ __forceinline__ Bits fill_bits() const {
-    return D == DType::float32 ? Bits(0xFF800000u) : D == DType::bfloat16 ? Bits(0xFF80u) : Bits(0xFC00u);
-  }
+  __device__ __forceinline__ uint32_t key(Bits bits) const { return rm::selection_key(logit_from_bits<D>(bits)); }
+  // The dtype's lowest value (-inf), whose key is the lowest selection_key
+  // gives (it has no key 0); a fill tied with a -inf logit can only lower
+  // the threshold.
+  __device__ __forceinline__ Bits fill_bits() const { return DTypeTraits<D>::kLowestBits; }
   __device__ __forceinline__ void put(uint64_t p, int64_t, int rank, uint64_t* row_out) const { row_out[rank] = p; }
 
   // The logit a selection key came from (a NaN key: NaN; every NaN the
