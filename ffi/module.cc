@@ -11,6 +11,10 @@
 #include "jax_topk/routing.h"
 #include "xla/ffi/api/c_api.h"
 
+#if defined(JAX_TOPK_PLATFORM_CPU)
+#include "cpu/routing_cpu.h"
+#endif
+
 #if defined(JAX_TOPK_PLATFORM_GPU)
 #include <stdexcept>
 
@@ -120,6 +124,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         route["max_k"] = jax_topk::kRouteMaxK;
         route["exact_sum_words"] = jax_topk::kExactSumWords;  // a partial softmax normaliser
         d["route_limits"] = route;
+#if defined(JAX_TOPK_PLATFORM_CPU)
+        // The vector ISA of the CPU route's scoring loops on this machine
+        // (JAX_TOPK_ROUTE_ISA caps it); every choice computes the same bits.
+        d["route_isa"] = std::string(jax_topk::cpu::route_isa());
+#endif
 #if defined(JAX_TOPK_PLATFORM_GPU)
         // The dispatch thresholds (n or k, by suffix), so tests probe each boundary.
         nb::dict t;

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 from fractions import Fraction
 
 import jax
@@ -231,6 +234,67 @@ def test_presets_are_their_documented_routes(rng):
         assert preset.source, name
     with pytest.raises(ValueError, match="selects with a bias"):
         routing.PRESETS["deepseek_v3"](jnp.zeros((1, 256)))
+
+
+# Routes every kind of CPU route (scores, bias, groups, renormalisation,
+# short and long rows, special logits) and saves weights and ids to argv[1];
+# prints the route ISA it ran on. Run once per JAX_TOPK_ROUTE_ISA.
+_ROUTE_ISA_SCRIPT = """
+import itertools
+import sys
+import numpy as np
+import jax
+import jax_topk
+from jax_topk import routing
+
+rng = np.random.default_rng(11)
+out = {}
+for experts, k, groups in [(8, 2, None), (20, 3, None), (64, 6, (8, 4)), (100, 7, None), (384, 6, None)]:
+    z = (rng.standard_normal((40, experts)) * 3).astype(np.float32)
+    z[0, 3] = np.nan
+    z[1, :] = -np.inf
+    z[2, 5] = np.inf
+    z[3, :] = 0.0
+    z[4, :] = -100.0 + rng.random(experts).astype(np.float32)  # subnormal sigmoid / sqrt(softplus) scores
+    z[5, :] *= 1e4
+    bias = (rng.standard_normal(experts) * 0.1).astype(np.float32)
+    for score, with_bias, grouped, renormalize in itertools.product(
+            ["softmax", "sigmoid", "sqrt_softplus"], [False, True], [False, True], [False, True]):
+        if grouped and groups is None:
+            continue
+        n_groups, top_groups = groups if grouped else (None, None)
+        for dtype in ["float32", "bfloat16"]:
+            w, ids = routing.route(jax.numpy.asarray(z).astype(dtype), k, score=score,
+                                   bias=bias if with_bias else None, n_groups=n_groups,
+                                   top_groups=top_groups, renormalize=renormalize, scale=1.5)
+            name = f"{experts}-{score}-{with_bias}-{grouped}-{renormalize}-{dtype}"
+            out[name + "-w"] = np.asarray(w).view(np.uint32)
+            out[name + "-ids"] = np.asarray(ids)
+np.savez(sys.argv[1], **out)
+print(jax_topk.info()["platforms"]["cpu"]["build"]["route_isa"])
+"""
+
+
+def test_cpu_route_isas_give_the_same_bits(tmp_path):
+    # The CPU route's scoring loops are built for the baseline ISA, AVX2 and
+    # AVX-512 and the widest the CPU has runs; all must give the same bits.
+    results = {}
+    for cap in ("baseline", "avx2", "avx512"):
+        env = dict(os.environ, JAX_TOPK_ROUTE_ISA=cap, JAX_PLATFORMS="cpu")
+        path = tmp_path / f"{cap}.npz"
+        proc = subprocess.run([sys.executable, "-c", _ROUTE_ISA_SCRIPT, str(path)], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ran = proc.stdout.strip().splitlines()[-1]
+        assert ran in ("baseline", "avx2", "avx512")
+        results.setdefault(ran, dict(np.load(path)))
+    if len(results) < 2:
+        pytest.skip(f"this CPU runs one route ISA ({', '.join(results)})")
+    (first, want), *others = results.items()
+    for isa, got in others:
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{isa} vs {first}: {name}")
 
 
 def test_gradients_flow_to_logits_not_bias(rng):

@@ -11,6 +11,7 @@
 #include "cpu/topk_cpu.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -92,6 +93,19 @@ JAX_TOPK_FORCE_INLINE void load_logits(const void* logits, int64_t offset, int32
   }
 }
 
+// A row of logits as float32: float32 rows are read in place, the others are
+// converted into `buffer` (count floats).
+template <DType D>
+JAX_TOPK_FORCE_INLINE const float* logits_as_float(const void* logits, int64_t offset, int32_t count,
+                                                   float* buffer) {
+  if constexpr (D == DType::float32) {
+    return static_cast<const float*>(logits) + offset;
+  } else {
+    load_logits<D>(logits, offset, count, buffer);
+    return buffer;
+  }
+}
+
 // Keeps the `k` largest candidates (packed, see pack_candidate), largest first.
 class BestK {
  public:
@@ -109,16 +123,39 @@ class BestK {
   int32_t filled_ = 0;
 };
 
-// Rows of at most this many experts are selected by insertion (BestK) rather
-// than by the top-k kernel, whose per-row setup would dominate.
+// Rows of at most this many experts are selected in place (select_in_row)
+// rather than by the top-k kernel, whose per-row setup would dominate.
 constexpr int32_t kSmallRow = 32;
 
-// The k largest keys of a short row, best first (ties: lower index), as ids.
-void select_in_row(const uint32_t* key, int32_t n, int32_t k, int32_t* ids) {
-  uint64_t best[kRouteMaxK];
-  BestK top(best, k);
-  for (int32_t i = 0; i < n; ++i) top.offer(rm::pack_candidate(true, key[i], i));
-  for (int32_t j = 0; j < k; ++j) ids[j] = rm::candidate_index(best[j]);
+// The k largest keys of a short row, best first (ties: lower index), as ids:
+// k rounds of a maximum over the packed candidates below the last round's
+// (pack_candidate: distinct, and their order is the selection's), without
+// branches (on random keys an insertion's branches are coin flips: the
+// whole Mixtral route took 57 ns per token by insertion, 17 now). The row is
+// padded to N with packed 0, which no round takes, so that the loops have
+// constant trip counts.
+template <int N>
+JAX_TOPK_FORCE_INLINE void select_in_padded_row(const uint32_t* key, int32_t n, int32_t k, int32_t* ids) {
+  uint64_t packed[N];
+  for (int32_t i = 0; i < N; ++i) packed[i] = i < n ? rm::pack_candidate(true, key[i], i) : 0;
+  uint64_t above = ~uint64_t(0);
+  for (int32_t j = 0; j < k; ++j) {
+    uint64_t best = 0;
+    for (int32_t i = 0; i < N; ++i) best = packed[i] < above && packed[i] > best ? packed[i] : best;
+    ids[j] = rm::candidate_index(best);
+    above = best;
+  }
+}
+
+JAX_TOPK_FORCE_INLINE void select_in_row(const uint32_t* key, int32_t n, int32_t k, int32_t* ids) {
+  static_assert(kSmallRow == 32, "the pads below cover kSmallRow");
+  if (n <= 8) {
+    select_in_padded_row<8>(key, n, k, ids);
+  } else if (n <= 16) {
+    select_in_padded_row<16>(key, n, k, ids);
+  } else {
+    select_in_padded_row<32>(key, n, k, ids);
+  }
 }
 
 // The softmax shift: max of z[0..n), NaN if any is NaN. Vectorised as a
@@ -175,16 +212,39 @@ void drop_groups(const RouteConfig& cfg, const float* c, uint32_t* key) {
 
 // A block of tokens: keys for all of them, one call of the CPU top-k kernel
 // over the keys (the unsigned order is the selection order, ties to the lower
-// expert; short rows by insertion), then the weights.
+// expert; short rows in place), then the weights.
+//
+// Every buffer is written before it is read, so a thread keeps one Block
+// across calls and only ever grows it (for_tokens): a fresh one per call
+// cost page faults and zero-filling on every call.
 struct Block {
-  explicit Block(const RouteConfig& cfg, int64_t tokens)
-      : z(cfg.experts), s(cfg.experts), c(cfg.experts), key(tokens * cfg.experts),
-        chosen_keys(tokens * cfg.k), shift(tokens), softmax_sum(tokens) {}
+  static Block& for_tokens(const RouteConfig& cfg, int64_t tokens) {
+    thread_local Block b;
+    const auto at_least = [](auto& v, int64_t n) {
+      if (int64_t(v.size()) < n) v.resize(n);
+    };
+    at_least(b.z, cfg.experts), at_least(b.s, cfg.experts), at_least(b.c, cfg.experts);
+    at_least(b.key, tokens * cfg.experts), at_least(b.chosen_keys, tokens * cfg.k);
+    at_least(b.shift, tokens), at_least(b.softmax_sum, tokens);
+    at_least(b.chosen_z, tokens * cfg.k), at_least(b.chosen_shift, tokens * cfg.k);
+    at_least(b.numerator, tokens * cfg.k);
+    return b;
+  }
   std::vector<float> z, s, c;
   std::vector<uint32_t> key, chosen_keys;
   std::vector<float> shift;         // per token: the softmax's max logit
   std::vector<double> softmax_sum;  // per token: the normaliser S, when needed
+  // Per chosen expert [token][k]: its logit, its token's softmax shift, its numerator.
+  std::vector<float> chosen_z, chosen_shift;
+  std::vector<double> numerator;
 };
+
+// A softmax route ranking the logits without needing every numerator takes
+// its shift, the row's maximum, from its first choice (token_weights)
+// instead of a pass over the row.
+inline bool shift_after_choice(const RouteConfig& cfg) {
+  return cfg.score == RouteScore::kSoftmax && !cfg.selects_by_score() && !cfg.needs_softmax_sum();
+}
 
 // Phase 1 for one token: its selection keys (routing.h: scores plus bias when
 // the selection reads them, else the logits), its softmax shift and sum.
@@ -194,15 +254,16 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const RouteInputs& in, const RouteCon
   const void* logits = in.logits;
   const float* bias = in.bias;
   const int32_t experts = cfg.experts;
-  float* z = b.z.data();
+  const float* z = logits_as_float<D>(logits, token * experts, experts, b.z.data());
   float* s = b.s.data();
   float* c = b.c.data();
   uint32_t* key = b.key.data() + slot * experts;
-  load_logits<D>(logits, token * experts, experts, z);
   const bool softmax = cfg.score == RouteScore::kSoftmax;
   const uint32_t* given = cfg.normaliser_parts ? in.normaliser + token * normaliser_words(cfg.normaliser_parts)
                                                : nullptr;
-  const float m = given ? rm::given_shift(given) : softmax ? softmax_shift(z, experts) : 0.0f;
+  const float m = given                             ? rm::given_shift(given)
+                  : softmax && !shift_after_choice(cfg) ? softmax_shift(z, experts)
+                                                        : 0.0f;
   b.shift[slot] = m;
   if (cfg.needs_softmax_sum()) {
     for (int32_t i = 0; i < experts; ++i) s[i] = rm::softmax_exp(z[i], m);  // numerators e_i
@@ -214,9 +275,8 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const RouteInputs& in, const RouteCon
       b.softmax_sum[slot] = sum.to_double();
     }
   }
-  if (!cfg.selects_by_score()) {
-    const bool degenerate = softmax && !(m - m == 0.0f);  // m is NaN or +-inf: every score is NaN
-    for (int32_t i = 0; i < experts; ++i) key[i] = rm::selection_key(degenerate ? m - m : z[i]);
+  if (!cfg.selects_by_score()) {  // (a degenerate softmax is settled after the selection: token_weights)
+    for (int32_t i = 0; i < experts; ++i) key[i] = rm::selection_key(z[i]);
     return;
   }
   if (softmax) {
@@ -237,94 +297,150 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const RouteInputs& in, const RouteCon
   if (cfg.n_groups > 0) drop_groups(cfg, c, key);
 }
 
-// token_keys_body compiled twice: for the baseline ISA and, on x86-64, for
-// AVX2 (8 floats per vector instead of 4: 1.75x on sqrt(softplus) scores).
-// Only code inlined into the AVX2 entry is compiled for AVX2, so no shared
-// out-of-line code needs it; both run the same IEEE operations per element
-// (no FMA: AVX2 does not imply it, and contraction is off), so they give the
-// same bits.
-using TokenKeysFn = void (*)(const RouteInputs&, const RouteConfig&, int64_t, int64_t, Block&);
-
+// Phases 1 and, for rows of at most kSmallRow experts, 2 (their ids) for the
+// block's tokens [begin, begin + count).
 template <DType D>
-void token_keys_baseline(const RouteInputs& in, const RouteConfig& cfg, int64_t token, int64_t slot, Block& b) {
-  token_keys_body<D>(in, cfg, token, slot, b);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(JAX_TOPK_ROUTE_NO_AVX2)
-#define JAX_TOPK_ROUTE_AVX2 1
-template <DType D>
-__attribute__((target("avx2"))) void token_keys_avx2(const RouteInputs& in, const RouteConfig& cfg, int64_t token,
-                                                     int64_t slot, Block& b) {
-  token_keys_body<D>(in, cfg, token, slot, b);
-}
-#endif
-
-template <DType D>
-TokenKeysFn token_keys_for_this_cpu() {
-#if defined(JAX_TOPK_ROUTE_AVX2)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return token_keys_avx2<D>;
-#endif
-  return token_keys_baseline<D>;
-}
-
-// Phase 3 for one token: numerator / denominator * scale (routing.h,
-// weight()); the numerators are recomputed from the chosen logits with the
-// same functions, so they equal the values the selection saw.
-template <DType D>
-void token_weights(const void* logits, const RouteConfig& cfg, int64_t token, int64_t slot, const Block& b,
-                   float* weights, const int32_t* ids) {
-  const bool softmax = cfg.score == RouteScore::kSoftmax;
-  double lanes[kRouteLanes] = {};
-  for (int32_t j = 0; j < cfg.k; ++j) {
-    float z;
-    load_logits<D>(logits, token * cfg.experts + ids[j], 1, &z);
-    lanes[j] = softmax ? rm::softmax_exp(z, b.shift[slot])
-               : cfg.score == RouteScore::kSigmoid ? rm::sigmoid(z)
-                                                    : rm::sqrt_softplus(z);
+struct BlockKeys {
+  static JAX_TOPK_FORCE_INLINE void run(const RouteInputs& in, const RouteConfig& cfg, int64_t begin, int64_t count,
+                                        Block& b, int32_t* ids) {
+    for (int64_t t = 0; t < count; ++t) token_keys_body<D>(in, cfg, begin + t, t, b);
+    if (cfg.experts <= kSmallRow) {
+      for (int64_t t = 0; t < count; ++t) {
+        select_in_row(b.key.data() + t * cfg.experts, cfg.experts, cfg.k, ids + (begin + t) * cfg.k);
+      }
+    }
   }
-  float numerator[kRouteMaxK];
-  for (int32_t j = 0; j < cfg.k; ++j) numerator[j] = float(lanes[j]);
+};
+
+// Phase 3a: the block's k * count numerators from the chosen logits (and
+// their softmax shifts), one flat loop that vectorises across tokens (each
+// token's own k exps are a dependent chain too short to hide).
+struct BlockNumerators {
+  static JAX_TOPK_FORCE_INLINE void run(const RouteConfig& cfg, int64_t count, Block& b) {
+    const float* z = b.chosen_z.data();
+    const float* shift = b.chosen_shift.data();
+    double* out = b.numerator.data();
+    if (cfg.score == RouteScore::kSoftmax) {
+      for (int64_t i = 0; i < count; ++i) out[i] = rm::softmax_exp(z[i], shift[i]);
+    } else if (cfg.score == RouteScore::kSigmoid) {
+      for (int64_t i = 0; i < count; ++i) out[i] = rm::sigmoid(z[i]);
+    } else {
+      for (int64_t i = 0; i < count; ++i) out[i] = rm::sqrt_softplus(z[i]);
+    }
+  }
+};
+
+// Phase::run compiled for the baseline ISA and, on x86-64, for AVX2 and
+// AVX-512 (8 and 16 floats per vector instead of 4: DeepSeek-V4's
+// sqrt(softplus) route took 2.23, 1.49 and 0.89 us per token on one core of
+// an AMD EPYC with AVX-512). Only code inlined into an entry is compiled for
+// its ISA, so no shared out-of-line code needs it; all run the same IEEE
+// operations per element (no FMA: neither ISA implies it, and contraction
+// is off), so they give the same bits. route_isa() picks the entry.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(JAX_TOPK_ROUTE_NO_AVX2)
+#define JAX_TOPK_ROUTE_X86_ISAS 1
+#endif
+
+template <typename Phase, typename Fn = decltype(&Phase::run)>
+struct OnIsa;
+
+template <typename Phase, typename... A>
+struct OnIsa<Phase, void (*)(A...)> {
+  using Fn = void (*)(A...);
+  static void baseline(A... a) { Phase::run(a...); }
+#if defined(JAX_TOPK_ROUTE_X86_ISAS)
+  __attribute__((target("avx2"))) static void avx2(A... a) { Phase::run(a...); }
+  __attribute__((target("avx512f"))) static void avx512(A... a) { Phase::run(a...); }
+#endif
+  // The entry for this CPU; AVX2 at most where 16 lanes do not pay (loops
+  // over rows of at most kSmallRow experts: Mixtral's 8 took 70 ns per
+  // token against 36).
+  static Fn pick(bool avx512_pays) {
+#if defined(JAX_TOPK_ROUTE_X86_ISAS)
+    const char* isa = route_isa();
+    if (!std::strcmp(isa, "avx512") && avx512_pays) return avx512;
+    if (!std::strcmp(isa, "avx512") || !std::strcmp(isa, "avx2")) return avx2;  // (AVX-512 CPUs have AVX2)
+#else
+    (void)avx512_pays;
+#endif
+    return baseline;
+  }
+};
+
+// Phase 3, first half for one token: settles a degenerate softmax and the
+// shift, and lays out the chosen logits for BlockNumerators.
+template <DType D>
+JAX_TOPK_FORCE_INLINE void token_numerator_inputs(const void* logits, const RouteConfig& cfg, int64_t token,
+                                                  int64_t slot, Block& b, int32_t* ids) {
+  float shift = b.shift[slot];
+  if (cfg.score == RouteScore::kSoftmax && !cfg.selects_by_score()) {
+    if (shift_after_choice(cfg)) {  // the first choice is the maximum (a NaN ranks first: the shift is NaN)
+      load_logits<D>(logits, token * cfg.experts + ids[0], 1, &shift);
+      shift = rm::is_nan(shift) ? __builtin_nanf("") : shift;
+    }
+    // A softmax with a NaN or infinite shift has every score NaN, and NaN
+    // scores tie: the k lowest experts are chosen.
+    if (!(shift - shift == 0.0f)) {
+      for (int32_t j = 0; j < cfg.k; ++j) ids[j] = j;
+    }
+  }
+  for (int32_t j = 0; j < cfg.k; ++j) {
+    load_logits<D>(logits, token * cfg.experts + ids[j], 1, &b.chosen_z[slot * cfg.k + j]);
+    b.chosen_shift[slot * cfg.k + j] = shift;
+  }
+}
+
+// Phase 3, second half for one token: numerator / denominator * scale
+// (routing.h, weight()); the numerators are recomputed from the chosen
+// logits with the same functions, so they equal the values the selection
+// saw.
+JAX_TOPK_FORCE_INLINE void token_weights(const RouteConfig& cfg, int64_t slot, const Block& b, float* weights) {
+  const int32_t width = rm::butterfly_width(cfg.k);
+  double lanes[kRouteLanes];
+  for (int32_t j = 0; j < width; ++j) lanes[j] = j < cfg.k ? b.numerator[slot * cfg.k + j] : 0.0;
   double denominator = 1.0;
   if (cfg.renormalize) {
-    denominator = rm::butterfly_sum(lanes, rm::butterfly_width(cfg.k));
-  } else if (softmax) {
+    denominator = rm::butterfly_sum(lanes, width);
+  } else if (cfg.score == RouteScore::kSoftmax) {
     denominator = b.softmax_sum[slot];
   }
-  for (int32_t j = 0; j < cfg.k; ++j) weights[j] = rm::weight(numerator[j], denominator, cfg.scale);
+  for (int32_t j = 0; j < cfg.k; ++j) {
+    weights[j] = rm::weight(float(b.numerator[slot * cfg.k + j]), denominator, cfg.scale);
+  }
 }
 
 template <DType D>
 void route_all(const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg, TaskRunner& runner) {
   const void* logits = in.logits;
-  // Tasks of at most ~64k logits, at least 4 per thread to balance, and at
-  // least 16 tokens to amortise scheduling.
+  // Tasks of at most kTaskLogits logits, at least 4 per thread to balance,
+  // and at least 16 tokens to amortise scheduling. A call of at most
+  // kTaskLogits logits is one task, on the calling thread: waking a helper
+  // cost it more than the helper saved (Mixtral, 4096 tokens of 8 experts,
+  // on a 2-core VM: 54 or 125 us with a helper, by the process; 86-90 alone).
+  constexpr int64_t kTaskLogits = int64_t(1) << 16;
   const int64_t balanced = (cfg.tokens + 4 * runner.concurrency() - 1) / (4 * runner.concurrency());
-  const int64_t per_task = std::max<int64_t>(16, std::min<int64_t>((int64_t(1) << 16) / cfg.experts, balanced));
+  const int64_t per_task = cfg.tokens * cfg.experts <= kTaskLogits
+                               ? std::max<int64_t>(1, cfg.tokens)
+                               : std::max<int64_t>(16, std::min<int64_t>(kTaskLogits / cfg.experts, balanced));
   const int64_t tasks = (cfg.tokens + per_task - 1) / per_task;
-  const TokenKeysFn token_keys = token_keys_for_this_cpu<D>();
+  const auto block_keys = OnIsa<BlockKeys<D>>::pick(cfg.experts > kSmallRow);
+  const auto block_numerators = OnIsa<BlockNumerators>::pick(true);
   runner.run(tasks, [&](int64_t task) {
     const IeeeSubnormals ieee;
     const int64_t begin = task * per_task;
     const int64_t count = std::min(cfg.tokens, begin + per_task) - begin;
-    Block b(cfg, count);
-    if (cfg.experts <= kSmallRow) {  // too short to gain from wider vectors: no indirect call
-      for (int64_t t = 0; t < count; ++t) token_keys_body<D>(in, cfg, begin + t, t, b);
-    } else {
-      for (int64_t t = 0; t < count; ++t) token_keys(in, cfg, begin + t, t, b);
-    }
-    if (cfg.experts <= kSmallRow) {  // per-row setup of the top-k kernel would dominate
-      for (int64_t t = 0; t < count; ++t) {
-        select_in_row(b.key.data() + t * cfg.experts, cfg.experts, cfg.k, ids + (begin + t) * cfg.k);
-      }
-    } else {
+    Block& b = Block::for_tokens(cfg, count);
+    block_keys(in, cfg, begin, count, b, ids);
+    if (cfg.experts > kSmallRow) {
       SerialRunner serial;
       topk_rows(DType::uint32, b.key.data(), b.chosen_keys.data(), ids + begin * cfg.k, count, cfg.experts, cfg.k,
                 nullptr, serial);
     }
     for (int64_t t = 0; t < count; ++t) {
-      token_weights<D>(logits, cfg, begin + t, t, b, weights + (begin + t) * cfg.k, ids + (begin + t) * cfg.k);
+      token_numerator_inputs<D>(logits, cfg, begin + t, t, b, ids + (begin + t) * cfg.k);
     }
+    block_numerators(cfg, count * cfg.k, b);
+    for (int64_t t = 0; t < count; ++t) token_weights(cfg, t, b, weights + (begin + t) * cfg.k);
   });
 }
 
@@ -345,6 +461,22 @@ void partial_sums_all(const void* logits, const float* shift, uint32_t* sums, in
 }
 
 }  // namespace
+
+const char* route_isa() {
+  static const char* const isa = [] {
+    const char* cap = std::getenv("JAX_TOPK_ROUTE_ISA");
+    const bool below_avx2 = cap && !std::strcmp(cap, "baseline");
+    const bool below_avx512 = below_avx2 || (cap && !std::strcmp(cap, "avx2"));
+#if defined(JAX_TOPK_ROUTE_X86_ISAS)
+    if (!below_avx512 && __builtin_cpu_supports("avx512f")) return "avx512";
+    if (!below_avx2 && __builtin_cpu_supports("avx2")) return "avx2";
+#else
+    (void)below_avx512;
+#endif
+    return "baseline";
+  }();
+  return isa;
+}
 
 bool softmax_partial_sums(DType dtype, const void* logits, const float* shift, uint32_t* sums, int64_t tokens,
                           int32_t experts, TaskRunner& runner) {

@@ -18,6 +18,12 @@ namespace jax_topk::cpu {
 bool route_tokens(DType dtype, const RouteInputs& in, float* weights, int32_t* ids, const RouteConfig& cfg,
                   TaskRunner& runner);
 
+// The vector ISA the route's scoring loops run on this CPU: "avx512",
+// "avx2" or "baseline" (SSE2 on x86-64; the compiler's target elsewhere),
+// the widest the CPU has unless the environment variable JAX_TOPK_ROUTE_ISA
+// names a narrower one. Every choice computes the same bits.
+const char* route_isa();
+
 // Per token t of `tokens` rows of `experts` logits: the exact sum of
 // exp(z - shift[t]) over the row (route_math::ExactSum, the softmax normaliser
 // a route computes), written as kExactSumWords words to sums + t * kExactSumWords. The
