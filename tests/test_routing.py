@@ -116,13 +116,19 @@ def test_matches_reference(config, dtype, rng):
     np.testing.assert_allclose(w, want_w, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("experts,k", [(2, 1), (8, 2), (100, 7), (384, 6), (512, 32)])
+@pytest.mark.parametrize("experts,k", [(2, 1), (2, 2), (7, 7), (8, 2), (9, 9), (16, 5), (17, 1), (31, 3), (32, 32),
+                                       (33, 8), (100, 7), (384, 6), (512, 32)])
 def test_any_expert_count(experts, k, rng):
+    # Rows of up to 32 experts are selected in place on the CPU (widths 8, 16, 32), longer ones by
+    # the top-k kernel: each kind of route on either side of those widths.
     z = jnp.asarray(rng.standard_normal((7, experts)).astype(np.float32))
-    w, ids = routing.route(z, k, score="sigmoid", renormalize=True)
-    want_w, want_ids = np_route(np.asarray(z), k, score="sigmoid", renormalize=True)
-    np.testing.assert_array_equal(ids, want_ids)
-    np.testing.assert_allclose(w, want_w, rtol=1e-6)
+    bias = rng.standard_normal(experts).astype(np.float32) * 0.1
+    for kwargs in (dict(score="sigmoid", renormalize=True), dict(score="softmax", renormalize=True),
+                   dict(score="softmax", renormalize=False), dict(score="sqrt_softplus", bias=bias)):
+        w, ids = routing.route(z, k, **kwargs)
+        want_w, want_ids = np_route(np.asarray(z), k, **kwargs)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=str(kwargs))
+        np.testing.assert_allclose(w, want_w, rtol=1e-6, err_msg=str(kwargs))
 
 
 def test_ties_go_to_the_lower_expert():
