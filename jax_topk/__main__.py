@@ -35,6 +35,7 @@ def describe() -> str:
                 f"dtypes {', '.join(p['dtypes'])}; FFI API {b['ffi_api_version'][0]}.{b['ffi_api_version'][1]} "
                 f"(jaxlib {b['ffi_headers_jaxlib']} headers), {b['compiler']}"
                 + (f", architectures {b['gpu_architectures']}" if b["gpu_architectures"] != "none" else "")
+                + (f", route scoring in {b['route_isa']}" if "route_isa" in b else "")
                 + f"\n        from {b['loaded_from']}"
             )
         else:

@@ -337,7 +337,7 @@ struct BlockNumerators {
 // its ISA, so no shared out-of-line code needs it; all run the same IEEE
 // operations per element (no FMA: neither ISA implies it, and contraction
 // is off), so they give the same bits. route_isa() picks the entry.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(JAX_TOPK_ROUTE_NO_AVX2)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(JAX_TOPK_ROUTE_BASELINE_ONLY)
 #define JAX_TOPK_ROUTE_X86_ISAS 1
 #endif
 
