@@ -188,7 +188,7 @@ README_RESULTS = [
     "nvidia-h200-routing.json",
     "cpu-x86-64-2cores-routing.json",
     "nvidia-h200-indexer.json",
-    "nvidia-h100-80gb-hbm3-nsa.json",
+    "nvidia-h200-nsa.json",
     "nvidia-h200-x2-sharded.json",
 ]
 
