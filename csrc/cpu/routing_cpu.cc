@@ -240,7 +240,7 @@ struct Block {
 };
 
 // A softmax route ranking the logits without needing every numerator takes
-// its shift, the row's maximum, from its first choice (token_weights)
+// its shift, the row's maximum, from its first choice (token_numerator_inputs)
 // instead of a pass over the row.
 inline bool shift_after_choice(const RouteConfig& cfg) {
   return cfg.score == RouteScore::kSoftmax && !cfg.selects_by_score() && !cfg.needs_softmax_sum();
@@ -275,7 +275,7 @@ JAX_TOPK_FORCE_INLINE void token_keys_body(const RouteInputs& in, const RouteCon
       b.softmax_sum[slot] = sum.to_double();
     }
   }
-  if (!cfg.selects_by_score()) {  // (a degenerate softmax is settled after the selection: token_weights)
+  if (!cfg.selects_by_score()) {  // (a degenerate softmax is settled after the selection)
     for (int32_t i = 0; i < experts; ++i) key[i] = rm::selection_key(z[i]);
     return;
   }
@@ -312,9 +312,11 @@ struct BlockKeys {
   }
 };
 
-// Phase 3a: the block's k * count numerators from the chosen logits (and
+// Phase 3b: the block's k * count numerators from the chosen logits (and
 // their softmax shifts), one flat loop that vectorises across tokens (each
-// token's own k exps are a dependent chain too short to hide).
+// token's own k exps are a dependent chain too short to hide). They are
+// computed by the same functions as the scores the selection saw, so they
+// equal them.
 struct BlockNumerators {
   static JAX_TOPK_FORCE_INLINE void run(const RouteConfig& cfg, int64_t count, Block& b) {
     const float* z = b.chosen_z.data();
@@ -367,8 +369,8 @@ struct OnIsa<Phase, void (*)(A...)> {
   }
 };
 
-// Phase 3, first half for one token: settles a degenerate softmax and the
-// shift, and lays out the chosen logits for BlockNumerators.
+// Phase 3a for one token: settles a degenerate softmax and the shift, and
+// lays out the chosen logits for BlockNumerators.
 template <DType D>
 JAX_TOPK_FORCE_INLINE void token_numerator_inputs(const void* logits, const RouteConfig& cfg, int64_t token,
                                                   int64_t slot, Block& b, int32_t* ids) {
@@ -390,10 +392,9 @@ JAX_TOPK_FORCE_INLINE void token_numerator_inputs(const void* logits, const Rout
   }
 }
 
-// Phase 3, second half for one token: numerator / denominator * scale
-// (routing.h, weight()); the numerators are recomputed from the chosen
-// logits with the same functions, so they equal the values the selection
-// saw.
+// Phase 3c for one token: numerator / denominator * scale (routing.h,
+// weight()), the denominator being the canonical butterfly of the k
+// numerators or the softmax normaliser.
 JAX_TOPK_FORCE_INLINE void token_weights(const RouteConfig& cfg, int64_t slot, const Block& b, float* weights) {
   const int32_t width = rm::butterfly_width(cfg.k);
   double lanes[kRouteLanes];
