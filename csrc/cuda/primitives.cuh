@@ -120,6 +120,16 @@ struct RowLengths {
   }
 };
 
+// The warp kernels' 16-byte layout (warp sort, warp select: top_k's and the
+// route's): rows 16-byte aligned, and whole rows (a vector straddling a row's
+// length would need a per-element test on the whole-row path; with lengths
+// the scalar layout bounds every element).
+template <typename U>
+bool warp_rows_vectorised(const U* x, int64_t n, const RowLengths<U>& lengths) {
+  return lengths.lengths == nullptr && (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
+         ((n * int64_t(sizeof(U))) % 16 == 0);
+}
+
 // Writes output slot `at` from a packed (key, ~index) value. Packed 0 is below
 // every element, so it is what a slot holds when the row had fewer than k
 // elements (pad entries of sorts, empty lists): it writes the pad value and

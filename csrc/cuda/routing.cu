@@ -879,10 +879,11 @@ gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, co
   using Out = RouteByLogitsOutput<D>;
   using Bits = typename Out::Bits;
   const Out out{logits, weights, ids, cfg.experts, cfg.k, cfg.score, cfg.renormalize, cfg.scale};
-  const bool vectorised = reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (cfg.experts * sizeof(Bits)) % 16 == 0;
-  return launch_warp_select_rows<Bits, Out, kByLogitsMaxSlots>(static_cast<const Bits*>(logits), cfg.tokens,
-                                                              cfg.experts, cfg.k, vectorised, out,
-                                                              RowLengths<Bits>{nullptr, Bits(0)}, stream);
+  const Bits* rows = static_cast<const Bits*>(logits);
+  const RowLengths<Bits> whole_rows{nullptr, Bits(0)};
+  return launch_warp_select_rows<Bits, Out, kByLogitsMaxSlots>(
+      rows, cfg.tokens, cfg.experts, cfg.k, warp_rows_vectorised(rows, cfg.experts, whole_rows), out, whole_rows,
+      stream);
 }
 
 // Routes that rank the logits: top_k's warp-select kernel (launch_by_logits).

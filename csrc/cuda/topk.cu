@@ -114,15 +114,6 @@ gpuError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
 }
 
 // ---------------------------------------------------------------------------
-// The warp kernels' 16-byte layout: rows 16-byte aligned, and whole rows
-// (a vector straddling a row's length would need a per-element test on the
-// whole-row path; with lengths the scalar layout bounds every element).
-template <typename U>
-bool warp_rows_vectorised(const U* x, int64_t n, const RowLengths<U>& lengths) {
-  return lengths.lengths == nullptr && (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
-         ((n * int64_t(sizeof(U))) % 16 == 0);
-}
-
 template <typename U>
 gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
                              int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
