@@ -15,6 +15,10 @@ window branch is cuDNN's sliding-window flash attention
 (``jax.nn.dot_product_attention(..., local_window_size=(w - 1, 0))``); it
 measured 18x the plain-JAX window on an H200 (``benchmarks/results/NOTES.md``).
 
+On the kernel path the selected-attention kernel also mixes the three
+branches by their gates in its epilogue (``mix_branches``' math), so the
+output is written once instead of by a pass over all three branch outputs.
+
 The kernels are forward passes. Their gradients are the plain branches' VJPs
 (``jax.custom_vjp``): the backward pass recomputes each branch tile by tile, so
 training memory stays O(T). The selection is never differentiated.
@@ -110,6 +114,39 @@ def _selected_bwd(cfg, interpret, residuals, cotangent):
 _selected_kernel.defvjp(_selected_fwd, _selected_bwd)
 
 
+def mix_branches(compressed, selected, window, gates, dtype):
+    """``nsa_attention``'s output in ``dtype`` (q's): the branches weighted by
+    their gates ``[..., 3]``, summed in the compute dtype."""
+    compute = core.compute_dtype(dtype)
+    outputs = (compressed, selected, window)
+    mixed = sum(gates[..., i, None].astype(compute) * out.astype(compute) for i, out in enumerate(outputs))
+    return mixed.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _selected_mixed_kernel(q, k, v, block_ids, compressed, window, gates, cfg, interpret):
+    """``mix_branches`` of the three branches, the selected one by the kernel,
+    which mixes in its epilogue (the output is written once)."""
+    return kernels.selected_attention(q, k, v, block_ids, (compressed, window, gates), cfg=cfg, interpret=interpret)
+
+
+def _selected_mixed_fwd(q, k, v, block_ids, compressed, window, gates, cfg, interpret):
+    out = _selected_mixed_kernel(q, k, v, block_ids, compressed, window, gates, cfg, interpret)
+    return out, (q, k, v, block_ids, compressed, window, gates)
+
+
+def _selected_mixed_bwd(cfg, interpret, residuals, cotangent):
+    del interpret
+    q, k, v, block_ids, compressed, window, gates = residuals
+    selected, selected_vjp = jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+    mix = functools.partial(mix_branches, dtype=q.dtype)
+    d_compressed, d_selected, d_window, d_gates = jax.vjp(mix, compressed, selected, window, gates)[1](cotangent)
+    return (*selected_vjp(d_selected), None, d_compressed, d_window, d_gates)
+
+
+_selected_mixed_kernel.defvjp(_selected_mixed_fwd, _selected_mixed_bwd)
+
+
 # ----------------------------------------------------------------------------- branches
 
 
@@ -174,10 +211,11 @@ def _nsa(how, q, k, v, gates, mlp, *, cfg):
     # Rounded to the input dtype, as a model stores them (and as the kernels read them).
     k_cmp, v_cmp = core.round_to(k_cmp, q.dtype), core.round_to(v_cmp, q.dtype)
     compressed, block_ids = _compressed_and_selection(q, k_cmp, v_cmp, cfg, how)
-    outputs = (compressed, _selected(how, q, k, v, block_ids, cfg=cfg), _window(how, q, k, v, cfg=cfg))
-    dtype = core.compute_dtype(q.dtype)
-    mixed = sum(gates[..., i, None].astype(dtype) * out.astype(dtype) for i, out in enumerate(outputs))
-    return mixed.astype(q.dtype)
+    window = _window(how, q, k, v, cfg=cfg)
+    if how.kernels:  # both in q's dtype here
+        return _selected_mixed_kernel(q, k, v, block_ids.astype(jnp.int32), compressed, window, gates, cfg,
+                                      how.interpret)
+    return mix_branches(compressed, _selected(how, q, k, v, block_ids, cfg=cfg), window, gates, q.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "how", "max_seqlen"))

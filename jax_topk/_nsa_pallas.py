@@ -6,7 +6,8 @@ group shares its keys and its selection):
 
 * ``compressed_attention``: flash attention of the queries over the
   compressed keys, a query seeing block i iff ``i*d + l - 1 <= t``. Writes the
-  branch output and each query row's log-sum-exp.
+  branch output and each query row's log-sum-exp (in base 2, as every score
+  here: see ``_score_scale``).
 * ``block_scores``: recomputes the compressed scores with that log-sum-exp,
   so the probabilities are final without a ``[T, Hq, Nc]`` array, sums them
   over the group and maps them to selection blocks (eq. 9 as overlap weights)
@@ -14,7 +15,9 @@ group shares its keys and its selection):
   ``selection_ids`` runs it over chunks of queries and selects through
   ``jax_topk.top_k``, so memory stays O(T).
 * ``selected_attention``: per (token, KV head) the group's ``[G, D]`` queries
-  walk the ``n`` selected ``[l', D]`` blocks with an online softmax.
+  walk the ``n`` selected ``[l', D]`` blocks with an online softmax; given the
+  other two branches' outputs and the gates, it also mixes the three, so
+  ``nsa_attention``'s output is written once.
 
 Each equals its plain-JAX branch in ``_nsa_tiled`` up to the order of float
 sums and, for bfloat16, the rounding of the probabilities to bfloat16 before
@@ -80,14 +83,25 @@ def _dot(a, b, dtype):
     return jnp.dot(a, b, precision=_precision(dtype), preferred_element_type=jnp.float32)
 
 
+_LOG2_E = 1.4426950408889634
+
+
+def _score_scale(scale: float) -> float:
+    """The kernels' scores are in base 2 (log2(e) folded into the softmax
+    scale), so each exponential is one ``exp2`` (a single ``ex2.approx``)
+    rather than libdevice's ``expf``: on an H200 that took 16K tokens from
+    7.26 to 6.94 ms (benchmarks/results/NOTES.md)."""
+    return scale * _LOG2_E
+
+
 def _online_softmax_step(carry, scores, values, dtype):
     """One flash-attention step: masked scores are -inf; a row that has seen no
     allowed key keeps m = -inf and shifts by 0."""
     m, l, acc = carry
     m_new = jnp.maximum(m, scores.max(axis=1))
     shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-    p = jnp.exp(scores - shift[:, None])
-    rescale = jnp.exp(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
+    p = jnp.exp2(scores - shift[:, None])
+    rescale = jnp.exp2(jnp.where(m == -jnp.inf, -jnp.inf, m - shift))
     l = l * rescale + p.sum(axis=1)
     acc = acc * rescale[:, None] + _dot(p.astype(values.dtype), values, dtype)
     return m_new, l, acc
@@ -138,7 +152,7 @@ def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, n
     out = acc / jnp.where(l == 0, 1.0, l)[:, None]
     o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
     # +inf where no block is visible: the block-score pass then gets exp(s - inf) = 0.
-    lse_ref[...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), jnp.inf).reshape(tokens, groups)
+    lse_ref[...] = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf).reshape(tokens, groups)
 
 
 def _padded_length(length: int) -> int:
@@ -168,7 +182,7 @@ def _block_layout(cfg, length: int):
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
 def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
-    """The compressed branch and its log-sum-exp.
+    """The compressed branch and its log-sum-exp (base 2, of the base-2 scores).
 
     q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype. Returns
     ``(out [B, T, Hq, D], lse [B, T', Hkv, G])`` float32 with ``T'`` the
@@ -200,7 +214,7 @@ def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
         return b, 0, h, 0
 
     kernel = functools.partial(_compressed_kernel, cfg=cfg, num_tiles=num_tiles, num_blocks=num_blocks,
-                               keys_per_step=keys_per_step, scale=cfg.softmax_scale(dim))
+                               keys_per_step=keys_per_step, scale=_score_scale(cfg.softmax_scale(dim)))
     out, lse = pl.pallas_call(
         kernel,
         grid=(batch * kv_heads * num_tiles,),
@@ -252,7 +266,7 @@ def _block_score_kernel(start_ref, q_ref, k_ref, lse_ref, own_ref, spill_ref, s_
         start = j * keys_per_step
         scores = _dot(q, k_ref[pl.ds(start, keys_per_step), :].T, q.dtype) * scale
         ends = (start + offsets) * cfg.stride + cfg.block_size - 1
-        probs = jnp.where(ends[None, :] <= positions[:, None], jnp.exp(scores - lse[:, None]), 0.0)
+        probs = jnp.where(ends[None, :] <= positions[:, None], jnp.exp2(scores - lse[:, None]), 0.0)
         per_token = probs.reshape(tokens, groups, keys_per_step).sum(axis=1)
         blocks = _dot(per_token, own, jnp.float32) + jnp.where(first_column, carry[:, None], 0.0)
         s_ref[:, pl.ds(j * blocks_per_step, blocks_per_step)] = blocks
@@ -279,7 +293,7 @@ def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, i
         return bh // kv_heads, bh % kv_heads
 
     kernel = functools.partial(_block_score_kernel, cfg=cfg, num_tiles=num_tiles, num_blocks=num_blocks,
-                               steps=steps, scale=cfg.softmax_scale(dim))
+                               steps=steps, scale=_score_scale(cfg.softmax_scale(dim)))
     return pl.pallas_call(
         kernel,
         grid=(batch * kv_heads * num_tiles,),
@@ -330,7 +344,8 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
 # ----------------------------------------------------------------------------- selected attention
 
 
-def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *, length, select_size, scale):
+def _selected_rows(ids_ref, q_ref, k_ref, v_ref, *, length, select_size, scale):
+    """The group's ``[rows, D]`` float32 outputs of one (token, KV head)."""
     position = pl.program_id(0) % length  # programs run KV head major, token minor
     q = q_ref[...]  # [G, D]
     offsets = jnp.arange(select_size, dtype=jnp.int32)
@@ -344,13 +359,34 @@ def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *, length, select_size
         return _online_softmax_step(carry, scores, v_ref[pl.ds(start, select_size), :], q.dtype)
 
     _, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
-    o_ref[...] = (acc / jnp.where(l == 0, 1.0, l)[:, None]).astype(o_ref.dtype)
+    return acc / jnp.where(l == 0, 1.0, l)[:, None]
+
+
+def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, **kw):
+    o_ref[...] = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw).astype(o_ref.dtype)
+
+
+def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref,
+                           **kw):
+    """The selected branch, then ``nsa``'s gate mix of the three branches in
+    its order and dtypes (the selected output rounded to the input dtype
+    first, as the branch returns it): one pass over the outputs, not two."""
+    selected = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw).astype(o_ref.dtype)
+    compute = core.compute_dtype(o_ref.dtype)
+    mix = lambda gate_ref, out: gate_ref[...].astype(compute)[:, None] * out.astype(compute)
+    mixed = mix(g_cmp_ref, cmp_ref[...]) + mix(g_slc_ref, selected) + mix(g_win_ref, win_ref[...])
+    o_ref[...] = mixed.astype(o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
-def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
+def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = False):
     """``nsa.selected_attention`` by the kernel: q ``[B, T, Hq, D]``, k and v
     ``[B, T, Hkv, D]``, block_ids int32 ``[B, T, Hkv, n]`` -> ``[B, T, Hq, D]``.
+
+    ``mix=(compressed, window, gates)`` (outputs ``[B, T, Hq, D]`` in q's
+    dtype, gates ``[B, T, Hq, 3]``) returns ``nsa_attention``'s output instead:
+    the three branches weighted by their gates, summed in the compute dtype
+    and rounded to q's dtype, as ``_nsa_dispatch.mix_branches`` does.
 
     Programs run KV head major (token minor), so the programs resident at
     once gather from one head's keys and values, which then stay in L2.
@@ -363,7 +399,8 @@ def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
     padded = core.num_selection_blocks(length, select_size) * select_size
     num_ids = block_ids.shape[-1]
     id_slots = 1 << max(0, num_ids - 1).bit_length()  # a power of two; extra slots are -1
-    queries = jnp.pad(core.group_queries(q, kv_heads), [(0, 0)] * 3 + [(0, rows - groups), (0, 0)])
+    grouped = lambda x: jnp.pad(core.group_queries(x, kv_heads), [(0, 0)] * 3 + [(0, rows - groups), (0, 0)])
+    queries = grouped(q)
     # Ids past the last block select nothing (as in the plain branch); every
     # slice the kernel reads then lies within the padded keys.
     ids = block_ids.astype(jnp.int32)
@@ -375,18 +412,26 @@ def selected_attention(q, k, v, block_ids, *, cfg, interpret: bool = False):
         bh = r // length
         return bh // kv_heads, r % length, bh % kv_heads
 
-    kernel = functools.partial(_selected_kernel, length=length, select_size=select_size,
-                               scale=cfg.softmax_scale(dim))
+    group_spec = pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0))
+    kv_spec = pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))
+    in_specs = [pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)), group_spec, kv_spec, kv_spec]
+    operands = [ids, queries, k, v]
+    kw = dict(length=length, select_size=select_size, scale=_score_scale(cfg.softmax_scale(dim)))
+    kernel = functools.partial(_selected_kernel, **kw)
+    if mix is not None:
+        compressed, window, gates = mix
+        gate_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
+        gate_columns = [grouped(gates[..., i:i + 1])[..., 0] for i in range(3)]  # [B, T, Hkv, rows] each
+        in_specs += [group_spec, group_spec] + [gate_spec] * 3
+        operands += [grouped(compressed), grouped(window)] + gate_columns
+        kernel = functools.partial(_selected_mixed_kernel, **kw)
     out = pl.pallas_call(
         kernel,
         grid=(batch * kv_heads * length,),
-        in_specs=[pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)),
-                  pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
-                  pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0)),
-                  pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))],
-        out_specs=pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
+        in_specs=in_specs,
+        out_specs=group_spec,
         out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
         compiler_params=_compiler("selected"),
         interpret=interpret,
-    )(ids, queries, k, v)
+    )(*operands)
     return core.ungroup_queries(out[..., :groups, :])

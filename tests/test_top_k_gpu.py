@@ -159,6 +159,20 @@ def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("special", (1, 1 << 20), "bfloat16", rng), 16)
 
 
+@pytest.mark.parametrize("n", [64, 256, 1000, 2048])
+def test_rows_mostly_masked(n, rng):
+    """Rows of -inf (or one repeated value) but for a few elements, fewer or
+    more than k of them, as a causal mask leaves them: their ties at the
+    threshold send the warp-select kernel to its packed threshold."""
+    rows = 4096
+    for fill in (-np.inf, 0.5):
+        x = np.full((rows, n), fill, np.float32)
+        live = rng.random((rows, n)) < np.linspace(0.0, 0.2, rows)[:, None]
+        x[live] = rng.standard_normal(int(live.sum())).astype(np.float32)
+        for k in (1, 8, 16, 32):
+            assert_gpu_equals_cpu(x, k, check_oracle=True)
+
+
 def test_deterministic_on_gpu(rng):
     for shape, k in (((4096, 2048), 16), ((1, 1 << 20), 2048), ((2048, 65536), 2048)):
         x = jax.device_put(make_input("ties", shape, "float32", rng), GPU)

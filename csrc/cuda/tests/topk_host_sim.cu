@@ -83,6 +83,9 @@ Outputs write_outputs(const std::vector<P>& slots, int64_t k) {
   return out;
 }
 
+// Row patterns make_row knows: random, few values, all equal, ascending, top bits, masked.
+inline constexpr int kRowPatterns = 6;
+
 template <typename U>
 std::vector<U> make_row(std::mt19937_64& rng, int64_t n, int pattern) {
   std::vector<U> row(static_cast<size_t>(n));
@@ -93,7 +96,8 @@ std::vector<U> make_row(std::mt19937_64& rng, int64_t n, int pattern) {
       case 1: row[size_t(i)] = few[rng() % 3]; break;
       case 2: row[size_t(i)] = few[0]; break;
       case 3: row[size_t(i)] = U(i * 3 + 1); break;          // ascending bits
-      default: row[size_t(i)] = U((rng() % 8) << (sizeof(U) * 8 - 4)); break;  // top bits only
+      case 4: row[size_t(i)] = U((rng() % 8) << (sizeof(U) * 8 - 4)); break;  // top bits only
+      default: row[size_t(i)] = i % 16 == 5 ? U(rng()) : few[0]; break;  // one tied value but a few (a masked row)
     }
   }
   return row;
@@ -266,7 +270,7 @@ bool sim_warp_select_e(const std::vector<U>& row, int64_t len, int64_t k, bool v
       cand[size_t(gl)] = ws_key_candidates(key, t) & vmask[size_t(gl)];
     }
   }
-  if (count() > capacity) {
+  if (ws_redo_with_packed_threshold(count(), k, capacity)) {
     tier = 2;
     const uint64_t t = threshold([&](int gl) {
       uint32_t key[E];
@@ -742,7 +746,7 @@ void run_width_lengths(std::mt19937_64& rng) {
   if constexpr (sizeof(U) <= 4) for (int64_t n : {17, 33, 257, 1000, 2049, 4100, 16384}) {
     for (int64_t k : {1, 5, 8, 17, 32}) {
       if (k > n) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t len : short_lengths(rng, n, k)) {
           report<U>(sim_warp_sort_any<Kind, U>(row, len, k, false), "warp_sort(lengths)", n, k, pattern, 0, len);
@@ -753,7 +757,7 @@ void run_width_lengths(std::mt19937_64& rng) {
   if constexpr (sizeof(U) <= 4) for (int64_t n : {5, 33, 100, 256, 257, 1000, 2048}) {
     for (int64_t k : {1, 3, 8, 16, 17, 32}) {
       if (k > n) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t len : short_lengths(rng, n, k)) {
           for (int capacity : {ws_capacity(n), int(k), 0}) {
@@ -768,7 +772,7 @@ void run_width_lengths(std::mt19937_64& rng) {
   for (int64_t n : {3, 100, 2049, 5000, 70001}) {
     for (int64_t k : {int64_t(1), int64_t(33), int64_t(1000), n / 2, n}) {
       if (k > n || k < 1) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t len : short_lengths(rng, n, k)) {
           for (int64_t capacity : {int64_t(0), int64_t(64), int64_t(2048), n}) {
@@ -783,7 +787,7 @@ void run_width_lengths(std::mt19937_64& rng) {
     for (int64_t k : {int64_t(1), int64_t(16), int64_t(64), int64_t(129), int64_t(257), int64_t(1000), int64_t(2048)}) {
       if (k > n) continue;
       if (n == 65536 && k != 64 && k != 2048) continue;  // keep the run short
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t len : short_lengths(rng, n, k)) {
           for (int64_t head : {int64_t(0), int64_t(16 / sizeof(U)) - 1}) {
@@ -818,7 +822,7 @@ void run_width(std::mt19937_64& rng) {
   if constexpr (sizeof(U) <= 4) for (int64_t n : {1, 2, 3, 17, 31, 32, 33, 64, 100, 128, 255, 256, 257, 384, 1000, 1024, 2048, 4100, 16384}) {
     for (int64_t k : {1, 2, 3, 5, 8, 9, 16, 17, 32}) {
       if (k > n) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         const bool vec_ok = (n * int64_t(sizeof(U))) % 16 == 0;
         report<U>(sim_warp_sort_any<Kind, U>(row, n, k, false), "warp_sort(scalar)", n, k, pattern, 0);
@@ -830,7 +834,7 @@ void run_width(std::mt19937_64& rng) {
   if constexpr (sizeof(U) <= 4) for (int64_t n : {1, 2, 3, 4, 5, 8, 17, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257, 384, 1000, 1024, 1025, 2047, 2048}) {
     for (int64_t k : {1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32}) {
       if (k > n) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         const bool vec_ok = (n * int64_t(sizeof(U))) % 16 == 0;
         for (int capacity : {ws_capacity(n), int(k), 0}) {
@@ -856,7 +860,7 @@ void run_width(std::mt19937_64& rng) {
   for (int64_t n : {1, 2, 3, 100, 2047, 2048, 2049, 5000, 70001}) {
     for (int64_t k : {int64_t(1), int64_t(2), int64_t(33), int64_t(1000), n / 2, n - 1, n}) {
       if (k > n || k < 1) continue;
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t capacity : {int64_t(0), int64_t(64), int64_t(2048), n}) {
           int scans = 0;
@@ -872,7 +876,7 @@ void run_width(std::mt19937_64& rng) {
                       int64_t(2048), n}) {
       if (k > n || k < 1 || k > kThresholdMaxK) continue;
       if (n == 65536 && k != 64 && k != 2048) continue;  // keep the run short
-      for (int pattern = 0; pattern < 5; ++pattern) {
+      for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
         const auto row = make_row<U>(rng, n, pattern);
         for (int64_t head : {int64_t(0), int64_t(16 / sizeof(U)) - 1}) {
           report<U>(sim_threshold<Kind, U>(row, n, k, head, pattern), "threshold", n, k, pattern, int(head));
