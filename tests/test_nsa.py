@@ -342,6 +342,24 @@ def test_selected_attention_kernel_in_interpret_mode(seed):
             nsa.selected_attention(q, k, v, block_ids, case.cfg), **F32_TOL)
 
 
+@pytest.mark.parametrize("length", [37, 64])
+def test_selected_kernel_mixes_the_branches(length):
+    """With the other branches and the gates, the kernel returns
+    nsa_attention's mix of the three (rows padded to the dot's 16, an odd length)."""
+    from jax_topk import _nsa_dispatch, _nsa_pallas
+
+    case = Case(KERNEL_CFG, 2, length, 4, 2, 16)
+    q, k, v, gates, _ = make_inputs(case, seed=length)
+    k_cmp, v_cmp = nsa.compress_kv(k, v, case.cfg)
+    ids = nsa.select_blocks(nsa.block_scores(q, k_cmp, case.cfg), case.cfg)
+    rng = np.random.default_rng(length)
+    compressed, window = (jnp.asarray(rng.standard_normal(q.shape), q.dtype) for _ in range(2))
+    got = _nsa_pallas.selected_attention(q, k, v, ids, (compressed, window, gates), cfg=case.cfg, interpret=True)
+    want = _nsa_dispatch.mix_branches(compressed, nsa.selected_attention(q, k, v, ids, case.cfg), window, gates,
+                                      q.dtype)
+    np.testing.assert_allclose(got, want, **F32_TOL)
+
+
 # ----------------------------------------------------------------------------- the kernel path
 
 # Shapes the kernels take (powers of two: D, Hq/Hkv, l', l'/d), small enough for the interpreter.
