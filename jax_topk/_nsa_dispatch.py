@@ -212,7 +212,7 @@ def _nsa(how, q, k, v, gates, mlp, *, cfg):
     k_cmp, v_cmp = core.round_to(k_cmp, q.dtype), core.round_to(v_cmp, q.dtype)
     compressed, block_ids = _compressed_and_selection(q, k_cmp, v_cmp, cfg, how)
     window = _window(how, q, k, v, cfg=cfg)
-    if how.kernels:  # both in q's dtype here
+    if how.kernels:  # compressed (the kernel's) and window (cuDNN's or the plain one's) in q's dtype
         return _selected_mixed_kernel(q, k, v, block_ids.astype(jnp.int32), compressed, window, gates, cfg,
                                       how.interpret)
     return mix_branches(compressed, _selected(how, q, k, v, block_ids, cfg=cfg), window, gates, q.dtype)
