@@ -22,6 +22,15 @@ def compute_dtype(dtype) -> jnp.dtype:
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def gated_sum(outputs, gates, dtype) -> jax.Array:
+    """``nsa_attention``'s mix: ``outputs[i]`` times ``gates[i]`` (each
+    broadcastable to it), summed in branch order in the compute dtype,
+    rounded to ``dtype``. One definition for the plain path and the selected
+    kernel's epilogue (``_nsa_pallas``), so both mix in the same order."""
+    compute = compute_dtype(dtype)
+    return sum(g.astype(compute) * out.astype(compute) for g, out in zip(gates, outputs)).astype(dtype)
+
+
 def round_to(x: jax.Array, dtype) -> jax.Array:
     """``x`` rounded to ``dtype``'s precision, kept in ``x``'s dtype; the gradient
     passes unrounded (a bfloat16 cast would round the cotangent too). Exact:

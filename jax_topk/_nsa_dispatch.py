@@ -16,7 +16,7 @@ window branch is cuDNN's sliding-window flash attention
 measured 18x the plain-JAX window on an H200 (``benchmarks/results/NOTES.md``).
 
 On the kernel path the selected-attention kernel also mixes the three
-branches by their gates in its epilogue (``mix_branches``' math), so the
+branches by their gates in its epilogue (``_nsa_core.gated_sum``), so the
 output is written once instead of by a pass over all three branch outputs.
 
 The kernels are forward passes. Their gradients are the plain branches' VJPs
@@ -104,10 +104,14 @@ def _selected_fwd(q, k, v, block_ids, cfg, interpret):
     return _selected_kernel(q, k, v, block_ids, cfg, interpret), (q, k, v, block_ids)
 
 
+def _plain_selected_vjp(q, k, v, block_ids, cfg):
+    """The plain selected branch's output and its VJP in q, k, v: the kernels' backward."""
+    return jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+
+
 def _selected_bwd(cfg, interpret, residuals, cotangent):
     del interpret
-    q, k, v, block_ids = residuals
-    _, vjp = jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+    _, vjp = _plain_selected_vjp(*residuals, cfg)
     return (*vjp(cotangent), None)
 
 
@@ -116,11 +120,8 @@ _selected_kernel.defvjp(_selected_fwd, _selected_bwd)
 
 def mix_branches(compressed, selected, window, gates, dtype):
     """``nsa_attention``'s output in ``dtype`` (q's): the branches weighted by
-    their gates ``[..., 3]``, summed in the compute dtype."""
-    compute = core.compute_dtype(dtype)
-    outputs = (compressed, selected, window)
-    mixed = sum(gates[..., i, None].astype(compute) * out.astype(compute) for i, out in enumerate(outputs))
-    return mixed.astype(dtype)
+    their gates ``[..., 3]`` (``_nsa_core.gated_sum``)."""
+    return core.gated_sum((compressed, selected, window), [gates[..., i, None] for i in range(3)], dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
@@ -138,7 +139,7 @@ def _selected_mixed_fwd(q, k, v, block_ids, compressed, window, gates, cfg, inte
 def _selected_mixed_bwd(cfg, interpret, residuals, cotangent):
     del interpret
     q, k, v, block_ids, compressed, window, gates = residuals
-    selected, selected_vjp = jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+    selected, selected_vjp = _plain_selected_vjp(q, k, v, block_ids, cfg)
     mix = functools.partial(mix_branches, dtype=q.dtype)
     d_compressed, d_selected, d_window, d_gates = jax.vjp(mix, compressed, selected, window, gates)[1](cotangent)
     return (*selected_vjp(d_selected), None, d_compressed, d_window, d_gates)

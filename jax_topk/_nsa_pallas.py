@@ -368,14 +368,12 @@ def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, **kw):
 
 def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref,
                            **kw):
-    """The selected branch, then ``nsa``'s gate mix of the three branches in
-    its order and dtypes (the selected output rounded to the input dtype
+    """The selected branch, then ``nsa``'s gate mix of the three branches
+    (``_nsa_core.gated_sum``; the selected output rounded to the input dtype
     first, as the branch returns it): one pass over the outputs, not two."""
     selected = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw).astype(o_ref.dtype)
-    compute = core.compute_dtype(o_ref.dtype)
-    mix = lambda gate_ref, out: gate_ref[...].astype(compute)[:, None] * out.astype(compute)
-    mixed = mix(g_cmp_ref, cmp_ref[...]) + mix(g_slc_ref, selected) + mix(g_win_ref, win_ref[...])
-    o_ref[...] = mixed.astype(o_ref.dtype)
+    gates = [ref[...][:, None] for ref in (g_cmp_ref, g_slc_ref, g_win_ref)]
+    o_ref[...] = core.gated_sum((cmp_ref[...], selected, win_ref[...]), gates, o_ref.dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
@@ -386,7 +384,7 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     ``mix=(compressed, window, gates)`` (outputs ``[B, T, Hq, D]`` in q's
     dtype, gates ``[B, T, Hq, 3]``) returns ``nsa_attention``'s output instead:
     the three branches weighted by their gates, summed in the compute dtype
-    and rounded to q's dtype, as ``_nsa_dispatch.mix_branches`` does.
+    and rounded to q's dtype, by ``_nsa_core.gated_sum`` as on the plain path.
 
     Programs run KV head major (token minor), so the programs resident at
     once gather from one head's keys and values, which then stay in L2.
