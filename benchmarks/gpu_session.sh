@@ -28,12 +28,17 @@
 #   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
 #              benchmarks/indexer.py: one indexer_top_k call against the jnp compositions
 #   sanitize_indexer  compute-sanitizer memcheck, racecheck and synccheck over the indexer
-#              kernels (the GPU tests of one tensor-core shape)
+#              kernels (the GPU tests of one tensor-core shape, and the fused kernels on
+#              random scores: tensor cores and the exact order)
 #   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
+#   tests_nsa  tests/test_nsa.py on the GPU alone
+#   tests_indexer  tests/test_indexer.py on the GPU alone (GPU == CPU, fused == unfused, batch invariance)
+#   bench_indexer  benchmarks/indexer.py alone
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
-# back few files).
+# back few files). JAX_TOPK_CUDA_ARCHS (e.g. 90-real) builds those
+# architectures only: a quicker build for a development call.
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_topk_out}
@@ -68,7 +73,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 python3 -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())" >>"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 
-step build 420 python3 -m pip install --no-build-isolation --no-deps -v . || { echo "build failed"; exit 1; }
+build_args=()
+[[ -n ${JAX_TOPK_CUDA_ARCHS:-} ]] && build_args=(-C "cmake.define.JAX_TOPK_CUDA_ARCHITECTURES=$JAX_TOPK_CUDA_ARCHS")
+step build 420 python3 -m pip install --no-build-isolation --no-deps -v "${build_args[@]}" . || { echo "build failed"; exit 1; }
 python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
 
 for s in "$@"; do
@@ -156,11 +163,18 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
     indexer)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_indexer 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py
       step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
+    tests_indexer)
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_indexer 300 pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py ;;
+    bench_indexer)
+      step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
+    tests_nsa)
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 300 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py ;;
     sanitize_indexer)
       for tool in memcheck racecheck synccheck; do
         XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TOPK_TEST_PLATFORM=gpu step "${tool}_indexer" 400 \
           compute-sanitizer --tool "$tool" --error-exitcode 1 --kernel-name kns=indexer \
-          pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py -k "bfloat16-64-128"
+          pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py \
+          -k "(against_cpu and bfloat16-64-128) or (fused_equals_unfused and random and (bfloat16-32-128 or float32))"
       done ;;
     nsa)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py

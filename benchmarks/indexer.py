@@ -11,6 +11,11 @@ executable:
     mask, ``lax.top_k``), with float32 dots and with bfloat16 dots (the best
     one is the baseline),
   - one ``jax_topk.indexer_top_k(..., lengths=)`` call.
+Then k << N (``--small-k``, default 64 and 256, keys 32768..65536): the padded
+compositions against the call as by default (there: unfused) and fused
+(``fusion="fused"``: each block keeps the k best of its keys, and the [B, N]
+scores never reach memory), with each path's workspace; the per-item loop is
+left out.
 Writes ``<out>/<device>-indexer.json``.
 """
 
@@ -30,7 +35,7 @@ import jax_topk
 from jax_topk import _bench
 
 
-def contenders(lengths: np.ndarray, k: int) -> dict:
+def contenders(lengths: np.ndarray, k: int, *, small_k: bool) -> dict:
     batch = len(lengths)
     lengths_dev = jnp.asarray(lengths)
 
@@ -52,15 +57,27 @@ def contenders(lengths: np.ndarray, k: int) -> dict:
             return lax.top_k(s, k)
         return run
 
-    return {
-        "per-item loop (jnp + lax.top_k)": per_item,
+    ops = {} if small_k else {"per-item loop (jnp + lax.top_k)": per_item}
+    ops.update({
         "padded composition, float32 dots": padded(jnp.float32),
         "padded composition, bfloat16 dots": padded(jnp.bfloat16),
         "jax_topk.indexer_top_k": lambda a: jax_topk.indexer_top_k(*a, k, lengths=lengths_dev),
-    }
+    })
+    if small_k:
+        ops["jax_topk.indexer_top_k fused"] = lambda a: jax_topk.indexer_top_k(
+            *a, k, lengths=lengths_dev, fusion="fused")
+    return ops
 
 
-def run_case(name: str, lo: int, hi: int, args, rng) -> dict:
+def path_of(args, n: int, k: int, fusion: str = "auto") -> dict | None:
+    """How the call runs on the GPU (None elsewhere)."""
+    if jax.default_backend() != "gpu":
+        return None
+    from jax_topk import _registry
+    return _registry.indexer_plan("cuda", "bfloat16", args.batch, args.heads, n, args.dim, k, fusion)
+
+
+def run_case(name: str, lo: int, hi: int, k: int, args, rng, *, small_k: bool = False) -> dict:
     lengths = rng.integers(lo, hi + 1, size=args.batch).astype(np.int32)
     n = int(lengths.max())
     bf16 = ml_dtypes.bfloat16
@@ -71,7 +88,7 @@ def run_case(name: str, lo: int, hi: int, args, rng) -> dict:
         keys = rng.standard_normal((args.batch, n, args.dim)).astype(bf16)
         w = rng.random((args.batch, args.heads)).astype(np.float32)
         inputs.append(tuple(jax.device_put(a) for a in (q, keys, w)))
-    ops = contenders(lengths, args.k)
+    ops = contenders(lengths, k, small_k=small_k)
     bar = _bench.Progress(len(ops))
     times, wall, clocks = {}, {}, {}
     for label, op in ops.items():
@@ -81,14 +98,24 @@ def run_case(name: str, lo: int, hi: int, args, rng) -> dict:
     bar.close()
     ours = times["jax_topk.indexer_top_k"]
     best = min(v for key, v in times.items() if key.startswith("padded"))
-    result = {"case": name, "lengths": lengths.tolist(), "n_padded": n, "times_us": times, "wall_us": wall,
-              "clock": clocks, "speedup_vs_per_item_loop": times["per-item loop (jnp + lax.top_k)"] / ours,
-              "speedup_vs_best_composition": best / ours}
-    print(f"-- {name} (B={args.batch}, H={args.heads}, D={args.dim}, k={args.k}, bfloat16, padded N={n})")
+    result = {"case": name, "k": k, "lengths": lengths.tolist(), "n_padded": n, "path": path_of(args, n, k),
+              "times_us": times, "wall_us": wall, "clock": clocks, "speedup_vs_best_composition": best / ours}
+    if not small_k:
+        result["speedup_vs_per_item_loop"] = times["per-item loop (jnp + lax.top_k)"] / ours
+    else:
+        result["fused_path"] = path_of(args, n, k, "fused")
+        result["fused_time_over_default"] = times["jax_topk.indexer_top_k fused"] / ours
+    print(f"-- {name} (B={args.batch}, H={args.heads}, D={args.dim}, k={k}, bfloat16, padded N={n}, "
+          f"path {result['path']})")
     for label, t in times.items():
         print(f"{label:>36}: {t:9.1f} us {clocks[label]}, {wall[label]:9.1f} us wall")
-    print(f"indexer_top_k: {result['speedup_vs_per_item_loop']:.1f}x the per-item loop, "
-          f"{result['speedup_vs_best_composition']:.2f}x the best single composition")
+    if small_k:
+        print(f"indexer_top_k: fused takes {result['fused_time_over_default']:.2f}x the default's time "
+              f"(workspace {result['fused_path'] and result['fused_path']['workspace_bytes']} bytes against "
+              f"{result['path'] and result['path']['workspace_bytes']})")
+    else:
+        print(f"indexer_top_k: {result['speedup_vs_per_item_loop']:.1f}x the per-item loop")
+    print(f"indexer_top_k: {result['speedup_vs_best_composition']:.2f}x the best single composition")
     return result
 
 
@@ -98,12 +125,15 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=64)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--k", type=int, default=2048)
+    parser.add_argument("--small-k", default="64,256", help="k of the k << N cases (comma-separated; empty: none)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    cases = [run_case("lengths 2000..8000", 2000, 8000, args, rng),
-             run_case("lengths 32768..65536", 32768, 65536, args, rng)]
+    cases = [run_case("lengths 2000..8000", 2000, 8000, args.k, args, rng),
+             run_case("lengths 32768..65536", 32768, 65536, args.k, args, rng)]
+    for k in [int(v) for v in args.small_k.split(",") if v]:
+        cases.append(run_case(f"lengths 32768..65536, k={k}", 32768, 65536, k, args, rng, small_k=True))
     result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
               "batch": args.batch, "heads": args.heads, "dim": args.dim, "k": args.k, "dtype": "bfloat16",
               "repeats": args.repeats, "cases": cases}

@@ -140,11 +140,14 @@ def indexer_table(result: dict) -> str:
     rows = []
     for c in result["cases"]:
         t = c["times_us"]
-        rows.append([c["case"], *(us(t[n]) for n in names),
+        path = c.get("path") or {}
+        rows.append([c["case"], str(c.get("k", result["k"])), *(us(t[n]) if n in t else "-" for n in names),
+                     "fused" if path.get("fused") else "unfused" if path else "-",
                      f"{min(v for n, v in t.items() if n.startswith('padded')) / t[ours]:.2f}x"])
     return (f"{title(result, 'indexer_top_k')} B={result['batch']}, H={result['heads']}, D={result['dim']}, "
-            f"k={result['k']}, {result['dtype']}.\n\n"
-            + table(["keys", *names, "x best composition"], rows))
+            f"{result['dtype']}; `{ours}` as called by default (its path: fused or not) and, for small k, "
+            f"forced to fuse (`fusion=\"fused\"`: the [B, N] scores never reach memory).\n\n"
+            + table(["keys", "k", *names, "path", "x best composition"], rows))
 
 
 def nsa_table(result: dict) -> str:

@@ -1,8 +1,9 @@
 // XLA FFI handlers of the sparse-attention indexer (jax_topk/indexer.h):
-// q [B, H, D], keys [B, N, D] (float32 or bfloat16), weights [B, H] float32,
-// lengths [B] int32 -> scores [B, k] float32, ids [B, k] int32. Scores the
-// first lengths[b] keys of each item (the sequence-mask rule), then takes the
-// top k of each row of scores with the top_k kernel.
+// q [B, H, D], keys [G, N, D] (float32 or bfloat16; G divides B, and item b
+// reads key set b / (B / G): G = B for keys per item, 1 for keys they all
+// share), weights [B, H] float32, lengths [B] int32 -> scores [B, k] float32,
+// ids [B, k] int32. Scores the first lengths[b] keys of each item (the
+// sequence-mask rule), then takes the top k of each row of scores.
 
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ constexpr const char* kOp = "jax_topk.indexer_top_k";
 
 struct IndexerGeometry {
   int64_t batch = 0, heads = 0, n = 0, dim = 0;
+  int64_t items_per_keys = 1;
   DType dtype = DType::float32;
 };
 
@@ -39,11 +41,14 @@ ffi::Error decode_indexer(const ffi::AnyBuffer& q, const ffi::AnyBuffer& keys, c
                           const ffi::Buffer<ffi::S32>& ids, int64_t k, IndexerGeometry* g) {
   using ffi_util::shape_string;
   const auto qd = q.dimensions(), kd = keys.dimensions();
-  if (qd.size() != 3 || kd.size() != 3 || kd[0] != qd[0] || kd[2] != qd[2]) {
+  const bool groups_fit = qd.size() == 3 && kd.size() == 3 &&
+                          (kd[0] == qd[0] || (kd[0] >= 1 && qd[0] % kd[0] == 0));
+  if (!groups_fit || kd[2] != qd[2]) {
     return indexer_error("q " + shape_string(qd) + " and keys " + shape_string(kd) +
-                         " must be [B, H, D] and [B, N, D]");
+                         " must be [B, H, D] and [G, N, D], G dividing B");
   }
   g->batch = qd[0];
+  g->items_per_keys = kd[0] >= 1 && qd[0] > 0 ? qd[0] / kd[0] : 1;
   g->heads = qd[1];
   g->dim = qd[2];
   g->n = kd[1];
@@ -82,7 +87,7 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
   std::vector<float> all_scores(size_t(g.batch * g.n), 0.0f);
   ffi_util::XlaThreadPoolRunner runner(pool);
   cpu::indexer_scores(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(), g.batch, g.heads, g.n,
-                      g.dim, clamped.data(), all_scores.data(), runner);
+                      g.dim, g.items_per_keys, clamped.data(), all_scores.data(), runner);
   cpu::topk_rows(DType::float32, all_scores.data(), scores->typed_data(), ids->typed_data(), g.batch, g.n, k,
                  clamped.data(), runner);
   return ffi::Error::Success();
@@ -92,19 +97,24 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
 #if defined(JAX_TOPK_PLATFORM_GPU)
 // Temporaries (the [B, N] scores and the top-k's scratch) come in
 // `workspace`, an extra result sized at lowering time (workspace_bytes).
+// `fusion`: an IndexerFusion (indexer.h), where the scores go.
 ffi::Error indexer_gpu(gpuStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
                         ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
                         ffi::Result<ffi::Buffer<ffi::S32>> ids, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
-                        int64_t k) {
+                        int64_t k, int64_t fusion) {
   IndexerGeometry g;
   if (auto err = decode_indexer(q, keys, weights, lengths, *scores, *ids, k, &g); err.failure()) return err;
-  const size_t given = workspace->element_count();
-  if (auto err = ffi_util::check_workspace(kOp, given, cuda::indexer_scratch_bytes(g.batch, g.n, k)); err.failure()) {
-    return err;
+  if (fusion < int64_t(IndexerFusion::kAuto) || fusion > int64_t(IndexerFusion::kFused)) {
+    return indexer_error("fusion=" + std::to_string(fusion) + " is not an IndexerFusion (0, 1 or 2)");
   }
+  const auto how = IndexerFusion(fusion);
+  const size_t given = workspace->element_count();
+  const size_t needed = cuda::indexer_scratch_bytes(g.dtype, g.batch, g.heads, g.n, g.dim, k, how);
+  if (auto err = ffi_util::check_workspace(kOp, given, needed); err.failure()) return err;
   return ffi_util::gpu_status(
       kOp, cuda::indexer_top_k(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(),
-                               lengths.typed_data(), g.batch, g.heads, g.n, g.dim, k, scores->typed_data(),
+                               lengths.typed_data(), g.batch, g.heads, g.n, g.dim, k, g.items_per_keys, how,
+                               scores->typed_data(),
                                ids->typed_data(), workspace->untyped_data(), given, stream));
 }
 #endif
@@ -132,6 +142,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerCpu, jax_topk::indexer_cpu,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkIndexerGpu, jax_topk::indexer_gpu,
                               jax_topk::indexer_binding<ffi::PlatformStream<gpuStream_t>>()
                                   .Ret<ffi::Buffer<ffi::U8>>()
-                                  .Attr<int64_t>("k"),
+                                  .Attr<int64_t>("k")
+                                  .Attr<int64_t>("fusion"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -104,10 +104,36 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
           return int64_t(jax_topk::cuda::topk_scratch_bytes(*d, rows, n, k));
         }
         if (op == "sort" || op == "sort_lengths") return int64_t(jax_topk::cuda::sort_scratch_bytes(*d, rows, n));
-        if (op == "indexer") return int64_t(jax_topk::cuda::indexer_scratch_bytes(rows, n, k));  // rows = B, n = N
-        throw std::invalid_argument("no workspace rule for op " + op);
+        throw std::invalid_argument("no workspace rule for op " + op + " (the indexer's: indexer_plan)");
       },
       "Bytes of device workspace the op's kernel needs on the current GPU.");
+
+  // The indexer's attribute "fusion": {name: IndexerFusion value}.
+  m.def("indexer_fusions", [] {
+    nb::dict d;
+    d["auto"] = int64_t(jax_topk::IndexerFusion::kAuto);
+    d["unfused"] = int64_t(jax_topk::IndexerFusion::kUnfused);
+    d["fused"] = int64_t(jax_topk::IndexerFusion::kFused);
+    return d;
+  });
+  m.def(
+      "indexer_plan",
+      [](const std::string& dtype, int64_t batch, int64_t heads, int64_t n, int64_t dim, int64_t k, int64_t fusion) {
+        const auto d = jax_topk::ffi_util::dtype_from_name(dtype);
+        if (!d) throw std::invalid_argument("no native kernel for dtype " + dtype);
+        const auto how = jax_topk::IndexerFusion(fusion);
+        const auto path = jax_topk::cuda::indexer_path(*d, batch, heads, n, dim, k, how);
+        nb::dict plan;
+        plan["workspace_bytes"] = int64_t(jax_topk::cuda::indexer_scratch_bytes(*d, batch, heads, n, dim, k, how));
+        plan["tensor_cores"] = path.tensor_cores;
+        plan["fused"] = path.fused;
+        plan["chunk_keys"] = path.chunk_keys;
+        plan["capacity"] = path.capacity;
+        plan["fused_max_k"] = path.fused_max_k;
+        return plan;
+      },
+      "How the indexer runs q [batch, heads, dim] against keys [batch, n, dim] on the current GPU: its workspace, "
+      "tensor cores or not, fused or not (the keys per fused block, its buffer's capacity), the fused kernel's largest k.");
 #endif
 
   m.def(
@@ -170,6 +196,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         for (const auto& shape : jax_topk::kSortBlockShapes) sort_n.append(shape.capacity());
         sort_n.append(2 * jax_topk::kSortTileElements);  // whole and partial tiles of the tile regime
         d["sort_thresholds_n"] = sort_n;
+        // Where the indexer's fusion="auto" fuses (jax_topk/indexer.h).
+        nb::dict fuse;
+        fuse["min_n_over_k"] = jax_topk::kIndexerFuseMinNOverK;
+        fuse["min_scores_bytes"] = jax_topk::kIndexerFuseMinScoresBytes;
+        d["indexer_auto_fusion"] = fuse;
 #endif
         return d;
       },

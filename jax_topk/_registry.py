@@ -139,6 +139,19 @@ def workspace_bytes(op: str, platform: str, dtype, rows: int, n: int, k: int) ->
     return int(module.workspace_bytes(op, np.dtype(dtype).name, rows, n, k))
 
 
+def indexer_plan(platform: str, dtype, batch: int, heads: int, n: int, dim: int, k: int,
+                 fusion: str) -> dict | None:
+    """How the platform's indexer kernel runs this shape (``workspace_bytes``,
+    ``tensor_cores``, ``fused``, ``chunk_keys``, ``fused_max_k``; see
+    ``ffi/module.cc``), or None when its handler takes no workspace (CPU)."""
+    module = _loaded[platform].module
+    if not hasattr(module, "indexer_plan"):
+        return None
+    value = module.indexer_fusions()[fusion]
+    plan = dict(module.indexer_plan(np.dtype(dtype).name, batch, heads, n, dim, k, value))
+    return dict(plan, fusion=value)
+
+
 def build_info(platform: str) -> dict:
     """The platform module's build_info() (empty when it is not loaded)."""
     module = _loaded.get(platform)

@@ -25,9 +25,9 @@ lowers to a ``custom_partitioning`` call whose rules are here:
   - ``sort``: the last axis is all-gathered and every device sorts the
     whole row (a sort's output has every element of the row).
   The outputs' last axis is never sharded.
-- ``indexer`` (q, keys, weights, lengths, all leading with the batch): the
-  batch axis is partitioned, every other axis gathered
-  (``batch_partitioned_lowering``).
+- ``indexer`` (q, keys, weights, lengths, all leading with the batch, or
+  keys every item shares): the batch axis is partitioned, shared keys
+  replicated, every other axis gathered (``batch_partitioned_lowering``).
 
 Sharding propagation: a Shardy rule (every leading axis is one factor shared by
 operands and results; the outputs' last axis needs replication), or, with
@@ -235,30 +235,43 @@ def partitioned_lowering(
     return _lowering_over_local(local, plan)
 
 
-def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[str],
-                               result_factors: Sequence[str]) -> Callable:
-    """The lowering of a public primitive whose operands and results all lead
-    with one batch axis ``b`` (the indexer: q, keys, weights, lengths ->
-    scores, ids), over its local twin ``local``. The batch axis is the only
-    one partitioned: each device runs the local kernel on its items, outputs
-    sharded like them, no collective; any other sharded axis is gathered.
+# An operand's or result's axes as Shardy factor names, ``"b"`` first where it
+# leads with the batch, e.g. ``"b h d"`` (equal names: equal sizes).
+Factors = tuple[Sequence[str], Sequence[str]]
 
-    ``operand_factors`` / ``result_factors``: each array's axes as Shardy
-    factor names, ``"b"`` first, e.g. ``"b h d"`` (equal names: equal sizes).
+
+def batch_partitioned_lowering(local: Primitive, *, factors: Callable[[Sequence], Factors | None]) -> Callable:
+    """The lowering of a public primitive whose results, and operands but
+    for shared ones, lead with one batch axis ``b`` (the indexer: q, keys,
+    weights, lengths -> scores, ids), over its local twin ``local``. The batch
+    axis is the only one partitioned: each device runs the local kernel on its
+    items, outputs sharded like them, no collective; any other sharded axis is
+    gathered, and an operand not led by ``b`` (keys every item shares) is
+    replicated.
+
+    ``factors(avals_in)``: (operand factors, result factors) for this call, or
+    None where the batch cannot be split (everything is then gathered: each
+    device computes every item).
     """
-    # Every factor but the batch needs replication, named in the order of
-    # first appearance (Shardy wants the special factors' indices sorted).
-    names = [name for f in (*operand_factors, *result_factors) for name in f.split()]
-    replicated = tuple(dict.fromkeys(name for name in names if name != "b"))
-    rule = ", ".join(operand_factors) + " -> " + ", ".join(result_factors)
 
     def plan(avals_in, bind_local, params) -> PartitionPlan:
+        given = factors(avals_in)
+        splits = given is not None
+        operand_factors, result_factors = given if splits else factors_unsplit(avals_in)
+        # Every factor but the batch needs replication (the batch too where it
+        # is not split), named in the order of first appearance (Shardy wants
+        # the special factors' indices sorted).
+        names = [name for f in (*operand_factors, *result_factors) for name in f.split()]
+        replicated = tuple(dict.fromkeys(name for name in names if name != "b" or not splits))
+        rule = ", ".join(operand_factors) + " -> " + ", ".join(result_factors)
+
         def shardings_for(mesh, arg_shapes):
             first = arg_shapes[0].sharding
-            batch = padded_spec(first, 1)[0] if isinstance(first, NamedSharding) else None
+            batch = padded_spec(first, 1)[0] if splits and isinstance(first, NamedSharding) else None
 
-            def batch_only(factors):  # sharded along the batch, every other axis whole
-                return NamedSharding(mesh, PartitionSpec(batch, *([None] * (len(factors.split()) - 1))))
+            def batch_only(f):  # sharded along the batch if led by it, every other axis whole
+                axes = f.split()
+                return NamedSharding(mesh, PartitionSpec(batch if axes[0] == "b" else None, *([None] * (len(axes) - 1))))
 
             return tuple(map(batch_only, operand_factors)), tuple(map(batch_only, result_factors))
 
@@ -270,6 +283,14 @@ def batch_partitioned_lowering(local: Primitive, *, operand_factors: Sequence[st
             return shardings_for(mesh, arg_shapes)[1]
 
         return partition, infer, rule, replicated
+
+    def factors_unsplit(avals_in) -> Factors:
+        """Distinct factor names for every axis but the batch (each led by ``b``
+        where its size is the batch's)."""
+        batch = avals_in[0].shape[0]
+        ops = [" ".join(["b" if i == 0 and a.shape[0] == batch else f"o{j}a{i}" for i in range(a.ndim)])
+               for j, a in enumerate(avals_in)]
+        return ops, ("b k", "b k")
 
     return _lowering_over_local(local, plan)
 

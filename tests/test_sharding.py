@@ -380,6 +380,24 @@ def test_indexer_with_sharded_keys_axis_and_in_shard_map(mesh, rng):
     assert_same(jax.jit(body)(*placed), want, "shard_map body")
 
 
+def test_indexer_shared_keys_batch_sharded(mesh, rng):
+    # Keys every item shares (causal prefill): replicated, the batch split, no
+    # collective; vmapped over sequences with their own keys: the same result.
+    q, keys, w, _ = indexer_inputs(rng)
+    fn = jax.jit(lambda q_, k_, w_: jax_topk.indexer_top_k(q_, k_, w_, 6, causal=True))
+    placed = [jax.device_put(a, NamedSharding(mesh, P(s))) for a, s in ((q, "rows"), (keys[0], None), (w, "rows"))]
+    with jax.default_device(mesh.devices.flat[0]):
+        want = fn(q, keys[0], w)
+    assert_same(fn(*placed), want, "shared keys")
+    assert collectives(compiled_text(fn, *placed)) == []
+    seqs = jax.jit(jax.vmap(lambda q_, k_, w_: jax_topk.indexer_top_k(q_, k_, w_, 6, causal=True)))
+    q2, k2, w2 = q.reshape(4, 2, *q.shape[1:]), keys[:4], w.reshape(4, 2, -1)
+    with jax.default_device(mesh.devices.flat[0]):
+        want2 = seqs(q2, k2, w2)
+    got2 = seqs(*[jax.device_put(a, NamedSharding(mesh, P("rows"))) for a in (q2, k2, w2)])
+    assert_same(got2, want2, "sequences of shared keys")
+
+
 @pytest.mark.parametrize("shardy", [True, False])
 def test_both_partitioners(shardy, mesh, rng):
     x = make_input("ties", (8, 32), "float32", rng)

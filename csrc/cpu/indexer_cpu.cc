@@ -52,7 +52,8 @@ void score_keys(const T* keys, const float* qw, const float* w, int64_t heads, i
 
 template <typename T>
 void scores_of(const T* q, const T* keys, const float* weights, int64_t batch, int64_t heads,
-               int64_t n, int64_t dim, const int32_t* lengths, float* scores, TaskRunner& runner) {
+               int64_t n, int64_t dim, int64_t items_per_keys, const int32_t* lengths, float* scores,
+               TaskRunner& runner) {
   const int64_t padded_dim = (dim + kIndexerLanes - 1) / kIndexerLanes * kIndexerLanes;
   std::vector<float> queries(size_t(batch * heads * padded_dim));
   for (int64_t b = 0; b < batch; ++b) {
@@ -65,7 +66,7 @@ void scores_of(const T* q, const T* keys, const float* weights, int64_t batch, i
     const int64_t begin = (task % tasks_per_row) * kKeysPerTask;
     const int64_t end = std::min(len, begin + kKeysPerTask);
     if (begin >= end) return;
-    score_keys(keys + b * n * dim, queries.data() + b * heads * padded_dim, weights + b * heads, heads, dim,
+    score_keys(keys + b / items_per_keys * n * dim, queries.data() + b * heads * padded_dim, weights + b * heads, heads, dim,
                padded_dim, begin, end, scores + b * n);
   });
 }
@@ -73,16 +74,16 @@ void scores_of(const T* q, const T* keys, const float* weights, int64_t batch, i
 }  // namespace
 
 bool indexer_scores(DType dtype, const void* q, const void* keys, const float* weights, int64_t batch,
-                    int64_t heads, int64_t n, int64_t dim, const int32_t* lengths, float* scores,
-                    TaskRunner& runner) {
+                    int64_t heads, int64_t n, int64_t dim, int64_t items_per_keys, const int32_t* lengths,
+                    float* scores, TaskRunner& runner) {
   switch (dtype) {
     case DType::float32:
       scores_of(static_cast<const float*>(q), static_cast<const float*>(keys), weights, batch, heads, n, dim,
-                lengths, scores, runner);
+                items_per_keys, lengths, scores, runner);
       return true;
     case DType::bfloat16:
       scores_of(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(keys), weights, batch, heads, n,
-                dim, lengths, scores, runner);
+                dim, items_per_keys, lengths, scores, runner);
       return true;
     default:
       return false;

@@ -23,6 +23,14 @@
 namespace jax_topk::cuda {
 namespace {
 
+// The segments of the library sort of rows * k survivors: offsets[i] = i * k.
+__global__ void segment_offsets_kernel(int* offsets, int64_t rows, int64_t k) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= rows;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    offsets[i] = int(i * k);
+  }
+}
+
 // Everything topk_rows decides about a problem; topk_scratch_bytes runs the
 // same planning, so the two always agree.
 struct Plan {

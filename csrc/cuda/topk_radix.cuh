@@ -526,11 +526,4 @@ __global__ void write_sorted_kernel(const typename RadixPacked<U>::type* __restr
   }
 }
 
-__global__ void segment_offsets_kernel(int* offsets, int64_t rows, int64_t k) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= rows;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    offsets[i] = int(i * k);
-  }
-}
-
 }  // namespace jax_topk::cuda
