@@ -16,6 +16,10 @@ compositions against the call as by default (there: unfused) and fused
 (``fusion="fused"``: each block keeps the k best of its keys, and the [B, N]
 scores never reach memory), with each path's workspace; the per-item loop is
 left out.
+Then causal prefill (``--prefill T``, default 8192; 0: none): T queries against
+the sequence's own T keys (shared, ``causal=True``), k = ``--k``, against the
+masked jnp composition (bfloat16 dots) run over chunks of 1024 queries under
+``lax.map`` (all T at once would hold [T, H, T] dots).
 Writes ``<out>/<device>-indexer.json``.
 """
 
@@ -119,6 +123,53 @@ def run_case(name: str, lo: int, hi: int, k: int, args, rng, *, small_k: bool = 
     return result
 
 
+def run_prefill(t: int, k: int, args, rng) -> dict:
+    """Causal prefill: T queries over their sequence's T keys."""
+    bf16 = ml_dtypes.bfloat16
+    chunk = min(1024, t)
+    inputs = []
+    for _ in range(2):
+        q = rng.standard_normal((t, args.heads, args.dim)).astype(bf16)
+        keys = rng.standard_normal((t, args.dim)).astype(bf16)
+        w = rng.random((t, args.heads)).astype(np.float32)
+        inputs.append(tuple(jax.device_put(a) for a in (q, keys, w)))
+
+    def composition(a):
+        q, keys, w = a
+
+        def one(c):
+            qc, wc, first = c
+            dots = jnp.einsum("bhd,nd->bhn", qc, keys, preferred_element_type=jnp.bfloat16)
+            s = jnp.einsum("bh,bhn->bn", wc, jnp.maximum(dots, 0).astype(jnp.float32))
+            pos = first + jnp.arange(chunk)
+            s = jnp.where(jnp.arange(t)[None, :] <= pos[:, None], s, -jnp.inf)
+            return lax.top_k(s, k)
+
+        firsts = jnp.arange(0, t, chunk)
+        vals, ids = lax.map(one, (q.reshape(-1, chunk, *q.shape[1:]), w.reshape(-1, chunk, w.shape[1]), firsts))
+        return vals.reshape(t, k), ids.reshape(t, k)
+
+    ops = {"padded composition, bfloat16 dots": composition,
+           "jax_topk.indexer_top_k": lambda a: jax_topk.indexer_top_k(*a, k, causal=True)}
+    bar = _bench.Progress(len(ops))
+    times, wall, clocks = {}, {}, {}
+    for label, op in ops.items():
+        bar.step(f"prefill {t}: {label}")
+        m = _bench.measure(op, inputs, args.repeats)
+        times[label], wall[label], clocks[label] = m.seconds * 1e6, m.wall_seconds * 1e6, m.clock
+    bar.close()
+    ours = times["jax_topk.indexer_top_k"]
+    result = {"case": f"causal prefill, T = N = {t} (keys shared)", "k": k, "lengths": None, "n_padded": t,
+              "path": path_of(argparse.Namespace(**{**vars(args), "batch": t}), t, k), "times_us": times,
+              "wall_us": wall, "clock": clocks,
+              "speedup_vs_best_composition": times["padded composition, bfloat16 dots"] / ours}
+    print(f"-- causal prefill T={t} (H={args.heads}, D={args.dim}, k={k}, bfloat16)")
+    for label, v in times.items():
+        print(f"{label:>36}: {v:9.1f} us {clocks[label]}, {wall[label]:9.1f} us wall")
+    print(f"indexer_top_k: {result['speedup_vs_best_composition']:.2f}x the chunked composition")
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=31)
@@ -126,6 +177,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--k", type=int, default=2048)
     parser.add_argument("--small-k", default="64,256", help="k of the k << N cases (comma-separated; empty: none)")
+    parser.add_argument("--prefill", type=int, default=8192, help="T of the causal prefill case (0: none)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
@@ -134,6 +186,8 @@ def main(argv=None) -> int:
              run_case("lengths 32768..65536", 32768, 65536, args.k, args, rng)]
     for k in [int(v) for v in args.small_k.split(",") if v]:
         cases.append(run_case(f"lengths 32768..65536, k={k}", 32768, 65536, k, args, rng, small_k=True))
+    if args.prefill:
+        cases.append(run_prefill(args.prefill, args.k, args, rng))
     result = {"device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
               "batch": args.batch, "heads": args.heads, "dim": args.dim, "k": args.k, "dtype": "bfloat16",
               "repeats": args.repeats, "cases": cases}

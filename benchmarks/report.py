@@ -146,7 +146,8 @@ def indexer_table(result: dict) -> str:
                      f"{min(v for n, v in t.items() if n.startswith('padded')) / t[ours]:.2f}x"])
     return (f"{title(result, 'indexer_top_k')} B={result['batch']}, H={result['heads']}, D={result['dim']}, "
             f"{result['dtype']}; `{ours}` as called by default (its path: fused or not) and, for small k, "
-            f"forced to fuse (`fusion=\"fused\"`: the [B, N] scores never reach memory).\n\n"
+            f"forced to fuse (`fusion=\"fused\"`: the [B, N] scores never reach memory); the causal prefill's "
+            f"composition runs over chunks of 1024 queries.\n\n"
             + table(["keys", "k", *names, "path", "x best composition"], rows))
 
 

@@ -200,7 +200,7 @@ def indexer_top_k(q: jax.Array, keys: jax.Array, weights: jax.Array, k: int, *,
     On CUDA the top-k can be fused into the score kernel (``fusion``): each
     block keeps the k best of its chunk of keys as it scores them, so only
     ``B x (N / chunk) x k`` candidates reach device memory instead of the
-    ``[B, N]`` scores. It is the slower path where measured (0.74-0.90x on an
+    ``[B, N]`` scores. It is the slower path where measured (0.71-0.90x on an
     H200: the keys' read, not the scores', sets the time), so ``"auto"``
     fuses only where ``k << N`` (``N >= 32 k``) and the ``[B, N]`` scores
     would take 256 MiB or more. Fused or not, the results are the same bits.

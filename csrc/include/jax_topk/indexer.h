@@ -54,7 +54,7 @@ enum class IndexerFusion : int64_t {
   kFused = 2,    // fused wherever the fused kernels hold the shape
 };
 // Fused is the slower of the two wherever it was measured (an H200,
-// benchmarks/results/NOTES.md, indexer v8: 0.74-0.90x the unfused time at
+// benchmarks/results/NOTES.md, indexer v8: 0.71-0.90x the unfused time at
 // H = 64, D = 128 and H = 32, D = 64, B = 31 and 256, k = 64 and 256): the
 // scores are a few percent of the bytes the call reads (the keys), and the
 // blocks' selections cost more than their round trip. What it saves is
