@@ -234,13 +234,20 @@ def test_gpu_against_cpu(rng, dtype, h, d):
         m = min(k, int(lengths[row]))
         assert np.all(gi[row, m:] == -1)
         np.testing.assert_array_less(np.abs(gs[row, :m] - ref[row, gi[row, :m]]), tol[row, gi[row, :m]])
-    # batch-invariant on the GPU: each row alone, at its own length
+    # batch-invariant on the GPU: each row alone, at its own length, and
+    # re-padded to a larger N (garbage past its length) beside other rows
     for row in range(b):
         m = min(k, int(lengths[row]))
         alone = jax.jit(lambda *a: jax_topk.indexer_top_k(*a, m))(
             *(jax.device_put(a, _gpu()) for a in (q[row:row + 1], keys[row:row + 1, :lengths[row]], w[row:row + 1])))
         assert np.asarray(alone[0])[0].tobytes() == gs[row, :m].tobytes()
         assert np.array_equal(np.asarray(alone[1])[0], gi[row, :m])
+    big = rng.standard_normal((b, 2 * n + 64, d)).astype(np_dtype)
+    big[:, :n] = keys[::-1]
+    padded = jax.jit(lambda *a: jax_topk.indexer_top_k(*a[:3], k, lengths=a[3]))(
+        *(jax.device_put(a, _gpu()) for a in (q[::-1], big, w[::-1], lengths[::-1].copy())))
+    assert np.asarray(padded[0])[::-1].tobytes() == gs.tobytes()
+    assert np.array_equal(np.asarray(padded[1])[::-1], gi)
 
 
 def _gpu_plan(dtype, b, h, n, d, k, fusion):
