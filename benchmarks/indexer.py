@@ -73,6 +73,19 @@ def contenders(lengths: np.ndarray, k: int, *, small_k: bool) -> dict:
     return ops
 
 
+def time_contenders(name: str, ops: dict, inputs, repeats: int) -> tuple[dict, dict, dict]:
+    """Each contender over the same inputs: us per op (device clock where there
+    is one), us per op by the host's wall clock, and which clock the first is."""
+    bar = _bench.Progress(len(ops))
+    times, wall, clocks = {}, {}, {}
+    for label, op in ops.items():
+        bar.step(f"{name}: {label}")
+        m = _bench.measure(op, inputs, repeats)
+        times[label], wall[label], clocks[label] = m.seconds * 1e6, m.wall_seconds * 1e6, m.clock
+    bar.close()
+    return times, wall, clocks
+
+
 def path_of(args, n: int, k: int, fusion: str = "auto") -> dict | None:
     """How the call runs on the GPU (None elsewhere)."""
     if jax.default_backend() != "gpu":
@@ -92,14 +105,7 @@ def run_case(name: str, lo: int, hi: int, k: int, args, rng, *, small_k: bool = 
         keys = rng.standard_normal((args.batch, n, args.dim)).astype(bf16)
         w = rng.random((args.batch, args.heads)).astype(np.float32)
         inputs.append(tuple(jax.device_put(a) for a in (q, keys, w)))
-    ops = contenders(lengths, k, small_k=small_k)
-    bar = _bench.Progress(len(ops))
-    times, wall, clocks = {}, {}, {}
-    for label, op in ops.items():
-        bar.step(f"{name}: {label}")
-        t = _bench.measure(op, inputs, args.repeats)
-        times[label], wall[label], clocks[label] = t.seconds * 1e6, t.wall_seconds * 1e6, t.clock
-    bar.close()
+    times, wall, clocks = time_contenders(name, contenders(lengths, k, small_k=small_k), inputs, args.repeats)
     ours = times["jax_topk.indexer_top_k"]
     best = min(v for key, v in times.items() if key.startswith("padded"))
     result = {"case": name, "k": k, "lengths": lengths.tolist(), "n_padded": n, "path": path_of(args, n, k),
@@ -151,13 +157,7 @@ def run_prefill(t: int, k: int, args, rng) -> dict:
 
     ops = {"padded composition, bfloat16 dots": composition,
            "jax_topk.indexer_top_k": lambda a: jax_topk.indexer_top_k(*a, k, causal=True)}
-    bar = _bench.Progress(len(ops))
-    times, wall, clocks = {}, {}, {}
-    for label, op in ops.items():
-        bar.step(f"prefill {t}: {label}")
-        m = _bench.measure(op, inputs, args.repeats)
-        times[label], wall[label], clocks[label] = m.seconds * 1e6, m.wall_seconds * 1e6, m.clock
-    bar.close()
+    times, wall, clocks = time_contenders(f"prefill {t}", ops, inputs, args.repeats)
     ours = times["jax_topk.indexer_top_k"]
     result = {"case": f"causal prefill, T = N = {t} (keys shared)", "k": k, "lengths": None, "n_padded": t,
               "path": path_of(argparse.Namespace(**{**vars(args), "batch": t}), t, k), "times_us": times,

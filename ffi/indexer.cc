@@ -95,8 +95,9 @@ ffi::Error indexer_cpu(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer ke
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
-// Temporaries (the [B, N] scores and the top-k's scratch) come in
-// `workspace`, an extra result sized at lowering time (workspace_bytes).
+// Temporaries (the [B, N] scores, or fused the rows' candidates, and the
+// top-k's scratch) come in `workspace`, an extra result sized at lowering
+// time (indexer_plan).
 // `fusion`: an IndexerFusion (indexer.h), where the scores go.
 ffi::Error indexer_gpu(gpuStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys, ffi::Buffer<ffi::F32> weights,
                         ffi::Buffer<ffi::S32> lengths, ffi::Result<ffi::Buffer<ffi::F32>> scores,
@@ -114,8 +115,7 @@ ffi::Error indexer_gpu(gpuStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer keys
   return ffi_util::gpu_status(
       kOp, cuda::indexer_top_k(g.dtype, q.untyped_data(), keys.untyped_data(), weights.typed_data(),
                                lengths.typed_data(), g.batch, g.heads, g.n, g.dim, k, g.items_per_keys, how,
-                               scores->typed_data(),
-                               ids->typed_data(), workspace->untyped_data(), given, stream));
+                               scores->typed_data(), ids->typed_data(), workspace->untyped_data(), given, stream));
 }
 #endif
 

@@ -7,9 +7,9 @@ the public function with its argument checks.
 Operands: ``q [B, H, D]``, ``keys [G, N, D]`` (one dtype; G divides B and item
 b reads key set ``b // (B // G)``: G = B for keys per item, 1 for keys every
 item shares), ``weights [B, H]`` float32, ``lengths [B]`` int32 (``N`` for
-whole rows). Results: ``scores
-[B, k]`` float32 and ``ids [B, k]`` int32. Parameters: ``k`` and ``fusion``
-(where the GPU kernels put the scores; ``FUSIONS``).
+whole rows). Results: ``scores [B, k]`` float32 and ``ids [B, k]`` int32.
+Parameters: ``k`` and ``fusion`` (where the GPU kernels put the scores;
+``FUSIONS``).
 
 The score and its one fixed order of float32 operations are defined in
 ``csrc/include/jax_topk/indexer.h``; the native kernels follow it, which makes
@@ -58,9 +58,10 @@ def scores_at(q, keys, weights, ids) -> jax.Array:
 
 
 # Where the GPU kernels put the scores (IndexerFusion in indexer.h): "auto"
-# fuses the top-k into the score kernel when k << N, "fused" wherever the
-# fused kernels take the shape, "unfused" never. Every choice gives the same
-# bits; the CPU kernel and the composition have one way.
+# fuses the top-k into the score kernel where k << N and the [B, N] scores
+# would be large, "fused" wherever the fused kernels take the shape, "unfused"
+# never. Every choice gives the same bits; the CPU kernel and the composition
+# have one way.
 FUSIONS = ("auto", "fused", "unfused")
 
 
@@ -143,8 +144,6 @@ def _kernel_lowering(platform: str):
     return lowering
 
 
-batching.primitive_batchers[indexer_p] = _batch
-ad.primitive_jvps[indexer_p] = _jvp
 def _partition_factors(avals_in):
     """The batch splits with keys per item (sharded like it) or one key set
     every item shares (replicated); with several shared sets it is not split."""
@@ -155,6 +154,8 @@ def _partition_factors(avals_in):
     return ("b h d", keys, "b h", "b"), ("b k", "b k")
 
 
+batching.primitive_batchers[indexer_p] = _batch
+ad.primitive_jvps[indexer_p] = _jvp
 _sharding.register(indexer_p, _sharding.batch_partitioned_lowering(indexer_local_p, factors=_partition_factors))
 mlir.register_lowering(indexer_local_p, _fallback_lowering)
 for _platform in _registry.platforms():

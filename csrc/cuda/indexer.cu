@@ -75,6 +75,14 @@ static_assert(kThresholdSelectBins * kThresholdSelectPasses <= kRadixBins && kRa
 // The exact kernel's fused buffer: G = 1024 candidates (k <= G / 4).
 constexpr int64_t kExactFusedCapacity = 1024;
 
+// What a fused kernel takes: its block's threads, its buffer's capacity G
+// (past it the block keeps its k best), the largest k (0: no fused kernel).
+struct FusedShape {
+  int threads = 0;
+  int64_t capacity = 0;
+  int64_t max_k = 0;
+};
+
 // ---------------------------------------------------------------------------
 // Epilogues: where a score kernel's scores go. Every thread of the block calls
 // begin() first, then, at the start of each step, step_barrier(idle): a block
@@ -182,13 +190,10 @@ struct ChunkTopK {
       uint32_t c = cs.ts.candidates;
       const uint32_t pad_bits = DTypeTraits<DType::float32>::kLowestBits;
       if (c <= uint32_t(idle_values)) {  // uniform
-        const uint32_t kk = k;
-        uint32_t* out_s = out_scores;
-        int32_t* out_i = out_ids;
-        const KeyCodec<uint32_t> cd = codec;
-        if (block_rank_desc<kThreads>(buffer, int(c), 0, int(c), spans, hist, cs.rank, [&](uint64_t e, int pos) {
-              if (pos < int(kk)) write_packed_output(e, cd, pad_bits, out_s, out_i, pos);
-            })) {
+        const auto write_if_kept = [&](uint64_t e, int pos) {
+          if (pos < int(k)) write_packed_output(e, codec, pad_bits, out_scores, out_ids, pos);
+        };
+        if (block_rank_desc<kThreads>(buffer, int(c), 0, int(c), spans, hist, cs.rank, write_if_kept)) {
           for (uint32_t j = c + threadIdx.x; j < k; j += kThreads) {
             write_packed_output(uint64_t(0), codec, pad_bits, out_scores, out_ids, j);
           }
@@ -262,26 +267,12 @@ __device__ __forceinline__ void copy_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Launch bounds of the MMA kernel: unfused, any head count (up to 512
-// threads; no minimum of blocks: ptxas gave the dim-128 kernel 86 registers
-// instead of 63 with an explicit minimum of 1); fused, its block size and 64
-// registers, so that 1024 threads fit on an SM as unfused (ptxas gave 88
-// registers unbounded, none spilled bounded; out-of-line select and rank
-// calls spilled at 64).
-template <typename Out>
-struct MmaLaunchBounds {
-  static constexpr int kThreads = kMmaMaxHeadTiles * 32 * kMmaKeySplit, kMinBlocks = 0;
-};
-template <int kBlockThreads>
-struct MmaLaunchBounds<ChunkTopK<kBlockThreads>> {
-  static constexpr int kThreads = kBlockThreads, kMinBlocks = 1024 / kBlockThreads;
-};
-
+// The MMA kernels' body, for either epilogue.
 template <int kDim, typename Out>
-__global__ void __launch_bounds__(MmaLaunchBounds<Out>::kThreads, MmaLaunchBounds<Out>::kMinBlocks)
-    indexer_scores_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
-                              const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
-                              int64_t n, int64_t items_per_keys, int steps_per_block, Out out) {
+__device__ JAX_TOPK_FORCE_INLINE void mma_scores(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
+                                                 const float* __restrict__ weights,
+                                                 const int32_t* __restrict__ lengths, int heads, int64_t n,
+                                                 int64_t items_per_keys, int steps_per_block, const Out& out) {
   constexpr int kStride = kDim + kMmaRowPad;  // elements per shared row
   constexpr int kVecs = kDim / 8;             // 16-byte vectors per row
   constexpr int kSteps = kDim / 16;           // MMA k-steps over dim
@@ -388,15 +379,31 @@ __global__ void __launch_bounds__(MmaLaunchBounds<Out>::kThreads, MmaLaunchBound
   epilogue.finish(keys_s, int((2 * mma_key_half_bytes(kDim) - kChunkHistBytes) / 8));
 }
 
-// The fused MMA kernel's shapes: dim 64 or 128 and 32, 64 or 128 heads
+// Unfused: any head count (up to 512 threads).
+template <int kDim>
+__global__ void __launch_bounds__(kMmaMaxHeadTiles * 32 * kMmaKeySplit)
+    indexer_scores_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
+                              const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
+                              int64_t n, int64_t items_per_keys, int steps_per_block, ScoresToMemory out) {
+  mma_scores<kDim>(q, keys, weights, lengths, heads, n, items_per_keys, steps_per_block, out);
+}
+
+// Fused: blocks of kThreads (4 * heads) and 64 registers, so that 1024
+// threads fit on an SM as unfused (ptxas gave 88 registers unbounded, two
+// blocks of 256 threads per SM; bounded, a few bytes spill, in the select and
+// rank; out-of-line select and rank calls spilled more).
+template <int kDim, int kThreads>
+__global__ void __launch_bounds__(kThreads, 1024 / kThreads)
+    indexer_fused_mma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
+                             const float* __restrict__ weights, const int32_t* __restrict__ lengths, int heads,
+                             int64_t n, int64_t items_per_keys, int steps_per_block, ChunkTopK<kThreads> out) {
+  mma_scores<kDim>(q, keys, weights, lengths, heads, n, items_per_keys, steps_per_block, out);
+}
+
+// The fused MMA kernel's shapes (FusedShape): dim 64 or 128 and 32, 64 or 128 heads
 // (blocks of 4 * heads threads, a power of two), the buffer in the queries'
 // shared memory (G: a power of two, room for G + a step), its scratch in half
 // of the keys' (the histogram and k values): k <= G / 4.
-struct FusedShape {
-  int threads = 0;
-  int64_t capacity = 0;
-  int64_t max_k = 0;
-};
 constexpr FusedShape fused_mma_shape(int64_t heads, int64_t dim) {
   if ((dim != 64 && dim != 128) || (heads != 32 && heads != 64 && heads != 128)) return {};
   int64_t g = 1;
@@ -540,14 +547,15 @@ ChunkTopK<kThreads> chunk_top_k(const IndexerPlan& p, void* scratch, int64_t k) 
 }
 
 #if defined(JAX_TOPK_HAS_MMA)
-template <int kDim, typename Out>
-gpuError_t launch_mma(const void* q, const void* keys, const float* weights, const int32_t* lengths, int64_t batch,
-                      int64_t heads, int64_t n, const IndexerPlan& p, Out out, gpuStream_t stream) {
-  const size_t smem = mma_smem_bytes(heads, kDim);
-  gpuError_t err = gpu_set_max_dynamic_smem(indexer_scores_mma_kernel<kDim, Out>, int(smem));
+template <typename Kernel, typename Out>
+gpuError_t launch_mma(Kernel* kernel, int64_t dim, const void* q, const void* keys, const float* weights,
+                      const int32_t* lengths, int64_t batch, int64_t heads, int64_t n, const IndexerPlan& p, Out out,
+                      gpuStream_t stream) {
+  const size_t smem = mma_smem_bytes(heads, dim);
+  gpuError_t err = gpu_set_max_dynamic_smem(kernel, int(smem));
   if (err != gpuSuccess) return err;
   const dim3 grid(unsigned((n + p.chunk_keys - 1) / p.chunk_keys), unsigned(batch));
-  indexer_scores_mma_kernel<kDim, Out><<<grid, unsigned(heads / kMmaHeadTile * 32 * kMmaKeySplit), smem, stream>>>(
+  kernel<<<grid, unsigned(heads / kMmaHeadTile * 32 * kMmaKeySplit), smem, stream>>>(
       static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(keys), weights, lengths, int(heads), n,
       p.items_per_keys, int(p.chunk_keys / kMmaStepKeys), out);
   return gpuGetLastError();
@@ -558,17 +566,22 @@ gpuError_t launch_mma_scores(const void* q, const void* keys, const float* weigh
                              int64_t batch, int64_t heads, int64_t n, int64_t k, const IndexerPlan& p,
                              void* scratch, gpuStream_t stream) {
   if constexpr (kDim == 64 || kDim == 128) {
+    const auto fused = [&](auto threads) {
+      constexpr int kThreads = decltype(threads)::value;
+      return launch_mma(indexer_fused_mma_kernel<kDim, kThreads>, kDim, q, keys, weights, lengths, batch, heads, n,
+                        p, chunk_top_k<kThreads>(p, scratch, k), stream);
+    };
     if (p.fused) {
       switch (p.threads) {
-        case 128: return launch_mma<kDim>(q, keys, weights, lengths, batch, heads, n, p, chunk_top_k<128>(p, scratch, k), stream);
-        case 256: return launch_mma<kDim>(q, keys, weights, lengths, batch, heads, n, p, chunk_top_k<256>(p, scratch, k), stream);
-        case 512: return launch_mma<kDim>(q, keys, weights, lengths, batch, heads, n, p, chunk_top_k<512>(p, scratch, k), stream);
+        case 128: return fused(std::integral_constant<int, 128>{});
+        case 256: return fused(std::integral_constant<int, 256>{});
+        case 512: return fused(std::integral_constant<int, 512>{});
         default: return gpuErrorInvalidValue;  // fused_mma_shape admits no other
       }
     }
   }
-  return launch_mma<kDim>(q, keys, weights, lengths, batch, heads, n, p,
-                          ScoresToMemory{at<float>(scratch, p.scores)}, stream);
+  return launch_mma(indexer_scores_mma_kernel<kDim>, kDim, q, keys, weights, lengths, batch, heads, n, p,
+                    ScoresToMemory{at<float>(scratch, p.scores)}, stream);
 }
 
 gpuError_t launch_mma_scores_for_dim(const void* q, const void* keys, const float* weights, const int32_t* lengths,
@@ -578,7 +591,8 @@ gpuError_t launch_mma_scores_for_dim(const void* q, const void* keys, const floa
     case 16: return launch_mma_scores<16>(q, keys, weights, lengths, batch, heads, n, k, p, scratch, stream);
     case 32: return launch_mma_scores<32>(q, keys, weights, lengths, batch, heads, n, k, p, scratch, stream);
     case 64: return launch_mma_scores<64>(q, keys, weights, lengths, batch, heads, n, k, p, scratch, stream);
-    case kMmaMaxDim: return launch_mma_scores<kMmaMaxDim>(q, keys, weights, lengths, batch, heads, n, k, p, scratch, stream);
+    case kMmaMaxDim:
+      return launch_mma_scores<kMmaMaxDim>(q, keys, weights, lengths, batch, heads, n, k, p, scratch, stream);
     default: return gpuErrorInvalidValue;  // indexer_uses_tensor_cores admits no other
   }
 }
