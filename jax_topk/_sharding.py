@@ -271,7 +271,8 @@ def batch_partitioned_lowering(local: Primitive, *, factors: Callable[[Sequence]
 
             def batch_only(f):  # sharded along the batch if led by it, every other axis whole
                 axes = f.split()
-                return NamedSharding(mesh, PartitionSpec(batch if axes[0] == "b" else None, *([None] * (len(axes) - 1))))
+                lead = batch if axes[0] == "b" else None
+                return NamedSharding(mesh, PartitionSpec(lead, *([None] * (len(axes) - 1))))
 
             return tuple(map(batch_only, operand_factors)), tuple(map(batch_only, result_factors))
 
