@@ -86,12 +86,12 @@ def time_contenders(name: str, ops: dict, inputs, repeats: int) -> tuple[dict, d
     return times, wall, clocks
 
 
-def path_of(args, n: int, k: int, fusion: str = "auto") -> dict | None:
-    """How the call runs on the GPU (None elsewhere)."""
+def path_of(batch: int, args, n: int, k: int, fusion: str = "auto") -> dict | None:
+    """How a call of ``batch`` items (``args``: heads, dim) runs on the GPU (None elsewhere)."""
     if jax.default_backend() != "gpu":
         return None
     from jax_topk import _registry
-    return _registry.indexer_plan("cuda", "bfloat16", args.batch, args.heads, n, args.dim, k, fusion)
+    return _registry.indexer_plan("cuda", "bfloat16", batch, args.heads, n, args.dim, k, fusion)
 
 
 def run_case(name: str, lo: int, hi: int, k: int, args, rng, *, small_k: bool = False) -> dict:
@@ -108,12 +108,12 @@ def run_case(name: str, lo: int, hi: int, k: int, args, rng, *, small_k: bool = 
     times, wall, clocks = time_contenders(name, contenders(lengths, k, small_k=small_k), inputs, args.repeats)
     ours = times["jax_topk.indexer_top_k"]
     best = min(v for key, v in times.items() if key.startswith("padded"))
-    result = {"case": name, "k": k, "lengths": lengths.tolist(), "n_padded": n, "path": path_of(args, n, k),
+    result = {"case": name, "k": k, "lengths": lengths.tolist(), "n_padded": n, "path": path_of(args.batch, args, n, k),
               "times_us": times, "wall_us": wall, "clock": clocks, "speedup_vs_best_composition": best / ours}
     if not small_k:
         result["speedup_vs_per_item_loop"] = times["per-item loop (jnp + lax.top_k)"] / ours
     else:
-        result["fused_path"] = path_of(args, n, k, "fused")
+        result["fused_path"] = path_of(args.batch, args, n, k, "fused")
         result["fused_time_over_default"] = times["jax_topk.indexer_top_k fused"] / ours
     print(f"-- {name} (B={args.batch}, H={args.heads}, D={args.dim}, k={k}, bfloat16, padded N={n}, "
           f"path {result['path']})")
@@ -160,7 +160,7 @@ def run_prefill(t: int, k: int, args, rng) -> dict:
     times, wall, clocks = time_contenders(f"prefill {t}", ops, inputs, args.repeats)
     ours = times["jax_topk.indexer_top_k"]
     result = {"case": f"causal prefill, T = N = {t} (keys shared)", "k": k, "lengths": None, "n_padded": t,
-              "path": path_of(argparse.Namespace(**{**vars(args), "batch": t}), t, k), "times_us": times,
+              "path": path_of(t, args, t, k), "times_us": times,
               "wall_us": wall, "clock": clocks,
               "speedup_vs_best_composition": times["padded composition, bfloat16 dots"] / ours}
     print(f"-- causal prefill T={t} (H={args.heads}, D={args.dim}, k={k}, bfloat16)")

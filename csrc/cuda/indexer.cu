@@ -162,14 +162,10 @@ struct ChunkTopK {
     __device__ JAX_TOPK_FORCE_INLINE void offer(bool valid, float score, uint32_t s) {
       const uint64_t p = KeyIndexPacking<uint32_t, uint64_t>::pack(codec.key(__float_as_uint(score)), s);
       const bool take = valid && p > t;  // p != t: packed values are distinct
-      const unsigned mask = warp_ballot(take);
-      if (mask == 0) return;  // uniform in the warp
-      const int lane = lane_id(), leader = __ffs(mask) - 1;
-      uint32_t base = 0;
-      if (lane == leader) base = atomicAdd(&chunk_shared<kThreads>().ts.candidates, uint32_t(__popc(mask)));
-      base = warp_shfl(base, leader);
-      if (take) buffer[base + uint32_t(__popc(mask & ((1u << lane) - 1u)))] = p;
-      reserved_end = max(reserved_end, base + uint32_t(__popc(mask)));
+      uint32_t end = 0;
+      const uint32_t slot = reserve_slot(&chunk_shared<kThreads>().ts.candidates, take, &end);
+      if (take) buffer[slot] = p;
+      reserved_end = max(reserved_end, end);
     }
     // The buffer's k best stay (in no order); returns the k-th of them.
     __device__ JAX_TOPK_FORCE_INLINE uint64_t keep_k_best(void* idle) {
@@ -189,16 +185,10 @@ struct ChunkTopK {
       __syncthreads();  // the last step's candidates are visible
       uint32_t c = cs.ts.candidates;
       const uint32_t pad_bits = DTypeTraits<DType::float32>::kLowestBits;
-      if (c <= uint32_t(idle_values)) {  // uniform
-        const auto write_if_kept = [&](uint64_t e, int pos) {
-          if (pos < int(k)) write_packed_output(e, codec, pad_bits, out_scores, out_ids, pos);
-        };
-        if (block_rank_desc<kThreads>(buffer, int(c), 0, int(c), spans, hist, cs.rank, write_if_kept)) {
-          for (uint32_t j = c + threadIdx.x; j < k; j += kThreads) {
-            write_packed_output(uint64_t(0), codec, pad_bits, out_scores, out_ids, j);
-          }
-          return;
-        }
+      if (c <= uint32_t(idle_values) &&  // uniform
+          try_write_candidates_by_rank<uint32_t, kThreads>(buffer, int(c), k, spans, hist, cs.rank, codec,
+                                                           pad_bits, out_scores, out_ids)) {
+        return;
       }
       if (c > k) {  // uniform
         block_keep_k_largest<kThreads>(buffer, &cs.ts.candidates, k, spans, hist, cs.ts);

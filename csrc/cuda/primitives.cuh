@@ -209,8 +209,11 @@ __device__ JAX_TOPK_FORCE_INLINE int lane_id() { return int(threadIdx.x) & (kWar
 // Reserves `want ? 1 : 0` consecutive slots from `*counter` with one atomic per
 // warp. Every lane of the warp must call it (converged); each wanting lane
 // gets its own slot. The slots' ORDER depends on scheduling, so callers only
-// use it to build sets (later sorted by the unique packed key).
-__device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool want) {
+// use it to build sets (later sorted by the unique packed key). warp_end,
+// when given, receives in every lane *counter just after this warp's
+// reservation (left as it is when no lane wants a slot).
+__device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool want,
+                                                        uint32_t* warp_end = nullptr) {
   const unsigned mask = warp_ballot(want);
   if (mask == 0) return 0;
   const int leader = __ffs(mask) - 1;
@@ -218,6 +221,7 @@ __device__ JAX_TOPK_FORCE_INLINE uint32_t reserve_slot(uint32_t* counter, bool w
   uint32_t base = 0;
   if (lane == leader) base = atomicAdd(counter, uint32_t(__popc(mask)));
   base = warp_shfl(base, leader);
+  if (warp_end != nullptr) *warp_end = base + uint32_t(__popc(mask));
   return base + uint32_t(__popc(mask & ((1u << lane) - 1u)));
 }
 

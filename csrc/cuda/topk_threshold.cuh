@@ -291,19 +291,32 @@ __device__ uint64_t block_keep_k_largest(uint64_t* a, uint32_t* count, uint32_t 
 // its rank; c < k only in a row shorter than k, whose slots [c, k) are
 // padding. spans: c values for the rank's buckets; a[] holds at least
 // next_pow2(max(c, k)) values for the sort fallback.
+// The ranking half of write_candidates_by_rank (any c: ranks past k are not
+// written): false, having written nothing, where a bucket is too full to rank.
+template <typename U, int kThreads>
+__device__ bool try_write_candidates_by_rank(const uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
+                                             BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
+                                             U pad_bits, U* values_row, int32_t* indices_row) {
+  using P = uint64_t;
+  const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, spans, hist, rank_shared, [&](P e, int pos) {
+    if (pos < k) write_packed_output(e, codec, pad_bits, values_row, indices_row, pos);
+  });
+  if (ranked) {
+    for (int j = c + int(threadIdx.x); j < k; j += kThreads) {
+      write_packed_output(P(0), codec, pad_bits, values_row, indices_row, j);
+    }
+  }
+  return ranked;
+}
+
 template <typename U, int kThreads>
 __device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
                                          BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
                                          U pad_bits, U* values_row, int32_t* indices_row) {
   using P = uint64_t;
   const int tid = int(threadIdx.x);
-  const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, spans, hist, rank_shared, [&](P e, int pos) {
-    if (pos < k) write_packed_output(e, codec, pad_bits, values_row, indices_row, pos);
-  });
-  if (ranked) {
-    for (int j = c + tid; j < k; j += kThreads) {
-      write_packed_output(P(0), codec, pad_bits, values_row, indices_row, j);
-    }
+  if (try_write_candidates_by_rank<U, kThreads>(a, c, k, spans, hist, rank_shared, codec, pad_bits, values_row,
+                                                indices_row)) {
     return;
   }
   // A bucket too full to rank (values clustered far below a few outliers):
