@@ -32,7 +32,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_topk import _bench, _nsa_dispatch, _nsa_pallas, nsa
+from jax_topk import _bench, _nsa_cudnn, _nsa_dispatch, _nsa_pallas, nsa
 
 
 def dense(q, k, v, gates):
@@ -151,6 +151,8 @@ def branch_breakdown(t: int, args) -> dict:
         "compress_kv": (lambda a: nsa.compress_kv(a[1], a[2], cfg), (q, k, v)),
         "compressed (kernel, + log-sum-exp)": (
             lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg, interpret=interpret), (q, k_cmp, v_cmp)),
+        "compressed (cuDNN per residue class, + log-sum-exp)": (
+            lambda a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1]), (q, k_cmp, v_cmp)),
         "block scores + select (kernel + top_k)": (
             lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, interpret=interpret), (q, k_cmp, lse)),
         "selected (dispatched)": (lambda a: nsa.selected_attention(*a, cfg), (q, k, v, ids)),

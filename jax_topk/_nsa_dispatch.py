@@ -10,16 +10,18 @@ Paths (``NSAConfig.implementation``):
 * ``"auto"`` (default): the kernels on a CUDA GPU when the shapes suit them,
   else the plain path.
 
-On a CUDA GPU with bfloat16 or float16 inputs (``"auto"`` or ``"pallas"``), the
-window branch is cuDNN's sliding-window flash attention
-(``jax.nn.dot_product_attention(..., local_window_size=(w - 1, 0))``); it
-measured 18x the plain-JAX window on an H200 (``benchmarks/results/NOTES.md``).
+On a CUDA GPU with bfloat16 or float16 inputs (``"auto"`` or ``"pallas"``),
+cuDNN's flash attention (``_nsa_cudnn``) runs the window branch (18x the
+plain-JAX window on an H200) and, on the kernel path, the compressed branch
+with its log-sum-exp (as causal attention per residue class of the queries;
+about twice the Pallas kernel's FLOP rate, with cuDNN's backward pass):
+``benchmarks/results/NOTES.md``.
 
 On the kernel path the selected-attention kernel also mixes the three
 branches by their gates in its epilogue (``_nsa_core.gated_sum``), so the
 output is written once instead of by a pass over all three branch outputs.
 
-The kernels are forward passes. Their gradients are the plain branches' VJPs
+The Pallas kernels are forward passes. Their gradients are the plain branches' VJPs
 (``jax.custom_vjp``): the backward pass recomputes each branch tile by tile, so
 training memory stays O(T). The selection is never differentiated.
 """
@@ -35,11 +37,9 @@ from jax import lax
 
 from jax_topk import _info
 from jax_topk import _nsa_core as core
+from jax_topk import _nsa_cudnn as cudnn
 from jax_topk import _nsa_pallas as kernels
 from jax_topk import _nsa_tiled as tiled
-
-_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
-_CUDNN_MAX_HEAD_DIM = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Plan:
     kernels: bool = False       # Pallas kernels for the compressed and selected branches
     interpret: bool = False     # ... run by Pallas's interpreter (implementation="pallas" off the GPU)
     cudnn_window: bool = False  # cuDNN's sliding-window attention for the window branch
+    cudnn_compressed: bool = False  # cuDNN's flash attention for the compressed branch (with kernels)
 
 
 def _on_cuda() -> bool:
@@ -65,9 +66,9 @@ def plan(cfg, q_shape: tuple[int, ...], q_dtype, kv_heads: int, fn: str) -> Plan
         raise ValueError(f"{fn}: implementation='pallas' cannot run these shapes (q {tuple(q_shape)}, "
                          f"{kv_heads} KV heads): {reason}; use implementation='auto' or 'xla'")
     use_kernels = reason is None and (on_gpu or cfg.implementation == "pallas")
-    cudnn_window = (on_gpu and jnp.dtype(q_dtype) in map(jnp.dtype, _CUDNN_DTYPES)
-                    and q_shape[-1] % 8 == 0 and q_shape[-1] <= _CUDNN_MAX_HEAD_DIM)
-    return Plan(kernels=use_kernels, interpret=use_kernels and not on_gpu, cudnn_window=cudnn_window)
+    cudnn_window = on_gpu and cudnn.supports(q_dtype, q_shape[-1])
+    return Plan(kernels=use_kernels, interpret=use_kernels and not on_gpu, cudnn_window=cudnn_window,
+                cudnn_compressed=cudnn_window and use_kernels and cudnn.available())
 
 
 # ----------------------------------------------------------------------------- kernels with plain VJPs
@@ -179,14 +180,7 @@ def _selected(how, q, k, v, block_ids, *, cfg):
 
 def _window(how, q, k, v, *, cfg):
     if how.cudnn_window:
-        length = q.shape[1]
-        window = min(cfg.window, max(length, 1))
-        # cuDNN's training path takes even lengths only (a window is a bias there): one
-        # more token at the end changes no earlier output (causal), and is dropped.
-        q, k, v = (jnp.pad(x, [(0, 0), (0, length % 2), (0, 0), (0, 0)]) for x in (q, k, v))
-        out = jax.nn.dot_product_attention(q, k, v, scale=cfg.softmax_scale(q.shape[-1]), is_causal=True,
-                                           local_window_size=(window - 1, 0), implementation="cudnn")
-        return out[:, :length]
+        return cudnn.window_attention(q, k, v, cfg)
     return tiled.sliding_window_attention(q, k, v, cfg=cfg)
 
 
@@ -194,7 +188,11 @@ def _compressed_and_selection(q, k_cmp, v_cmp, cfg, how: Plan):
     """``(compressed branch [B, T, Hq, D], selected ids [B, T, Hkv, n])``."""
     if not how.kernels:
         return tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=cfg)
-    out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
+    if how.cudnn_compressed:
+        out, lse = cudnn.compressed_attention(q, k_cmp.astype(q.dtype), v_cmp.astype(q.dtype), cfg,
+                                              lse_length=kernels.padded_length(q.shape[1]))
+    else:
+        out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
     block_ids = kernels.selection_ids(*map(lax.stop_gradient, (q, k_cmp.astype(q.dtype), lse)), cfg=cfg,
                                       interpret=how.interpret)
     return out, block_ids

@@ -155,7 +155,7 @@ def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, n
     lse_ref[...] = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf).reshape(tokens, groups)
 
 
-def _padded_length(length: int) -> int:
+def padded_length(length: int) -> int:
     """Queries padded to whole selection chunks (a multiple of every tile size here)."""
     chunk = min(_SELECTION_CHUNK, -(-length // _TOKEN_QUANTUM) * _TOKEN_QUANTUM)
     return -(-length // chunk) * chunk
@@ -191,7 +191,7 @@ def compressed_attention(q, k_cmp, v_cmp, *, cfg, interpret: bool = False):
     batch, length, q_heads, dim = q.shape
     kv_heads = k_cmp.shape[2]
     groups = q_heads // kv_heads
-    padded = _padded_length(length)
+    padded = padded_length(length)
     tokens = max(1, _COMPRESSED_ROWS // groups)
     num_tiles = padded // tokens
     score_keys, _, steps = _block_layout(cfg, padded)

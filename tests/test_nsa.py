@@ -396,6 +396,54 @@ def test_pallas_selection_runs_in_chunks(monkeypatch):
     jax.clear_caches()
 
 
+def _xla_causal_attention(q, k, v, scale):
+    """What ``_nsa_cudnn`` asks of cuDNN, by XLA (CPU): top-left causal attention and its lse."""
+    out, lse = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation="xla",
+                                            return_residual=True)
+    return out, lse.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("block_size, stride, length", [
+    (32, 16, 1000), (32, 16, 31), (32, 16, 32), (32, 16, 47), (32, 16, 48),
+    (8, 4, 61), (12, 4, 50), (4, 4, 23), (3, 1, 17), (6, 2, 6)])
+def test_compressed_attention_by_residue_classes(block_size, stride, length):
+    """``_nsa_cudnn.compressed_attention`` (the compressed branch as causal flash
+    attention per residue class of the queries, here with XLA's attention in
+    place of cuDNN's) against a float64 numpy oracle of the branch and of its
+    base-2 log-sum-exp: every (l, d) shape of the split (d = 1, l = d, l = 3d),
+    lengths below, at and past l, multiples of d and not, and GQA groups."""
+    from jax_topk import _nsa_cudnn
+
+    cfg = nsa.NSAConfig(block_size=block_size, stride=stride, select_size=4 * block_size)
+    rng = np.random.default_rng(length)
+    batch, q_heads, kv_heads, dim = 2, 6, 2, 8
+    num_blocks = _nsa_core.num_compressed_blocks(length, block_size, stride)
+    q = jnp.asarray(rng.standard_normal((batch, length, q_heads, dim)), jnp.float32)
+    k_cmp, v_cmp = (jnp.asarray(rng.standard_normal((batch, num_blocks, kv_heads, dim)), jnp.float32)
+                    for _ in range(2))
+    lse_length = length + 5
+    out, lse = _nsa_cudnn.compressed_attention(q, k_cmp, v_cmp, cfg, lse_length=lse_length,
+                                               attention=_xla_causal_attention)
+
+    group = q_heads // kv_heads
+    qn, kn, vn = (np.repeat(np.asarray(x, np.float64), g, axis=2) for x, g in ((q, 1), (k_cmp, group), (v_cmp, group)))
+    scores = np.einsum("bthd,bihd->bhti", qn, kn) * cfg.softmax_scale(dim)
+    visible = _nsa_core.compressed_visible(np.arange(length), num_blocks, block_size, stride)  # [T, Nc]
+    scores = np.where(np.asarray(visible)[None, None], scores, -np.inf)
+    top = np.max(scores, axis=-1, initial=-np.inf, keepdims=True)
+    weights = np.exp(scores - np.where(np.isfinite(top), top, 0))
+    total = weights.sum(-1, keepdims=True)
+    want_out = np.einsum("bhti,bihd->bthd", weights / np.where(total > 0, total, 1), vn)
+    want_lse = np.where(total[..., 0] > 0, (np.log(np.where(total[..., 0] > 0, total[..., 0], 1)) + top[..., 0])
+                        / np.log(2), np.inf).transpose(0, 2, 1)  # [B, T, Hq]
+
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (batch, lse_length, kv_heads, group) and lse.dtype == jnp.float32
+    np.testing.assert_allclose(out, want_out, **F32_TOL)
+    np.testing.assert_allclose(lse[:, :length].reshape(batch, length, q_heads), want_lse, **F32_TOL)
+    assert np.all(np.isinf(lse[:, length:]))
+
+
 def test_pallas_implementation_refuses_other_shapes():
     q, k, v, g, _ = make_inputs(Case(KERNEL_CFG, 1, 20, 6, 2, 16))
     with pytest.raises(ValueError, match=r"implementation='pallas' cannot run .* Hq/Hkv=3 is not a power of two"):
@@ -429,8 +477,52 @@ def test_gpu_kernels_match_plain_branches(dtype, length):
                        _nsa_tiled.selected_attention(q, k, v, plain_ids, cfg=cfg), **tol)
     how = _nsa_dispatch.plan(cfg, q.shape, q.dtype, 2, "test")
     assert how.kernels and not how.interpret and how.cudnn_window == (dt != jnp.float32)
+    assert how.cudnn_compressed == (dt != jnp.float32)
     assert_trees_close(nsa.sliding_window_attention(q, k, v, cfg),
                        nsa.sliding_window_attention(q, k, v, dataclasses.replace(cfg, implementation="xla")), **tol)
+
+
+@gpu_only
+@pytest.mark.parametrize("length", [31, 32, 1000, 4500])
+def test_gpu_cudnn_compressed_matches_the_kernel(length):
+    """cuDNN's compressed branch (per residue class) against the Pallas kernel
+    on the same bfloat16 inputs: outputs, base-2 log-sum-exp (+inf where no
+    block is seen and past T), and the blocks selected from either."""
+    from jax_topk import _nsa_cudnn, _nsa_pallas
+
+    cfg = nsa.NSAConfig()
+    q, k, v, _, _ = make_inputs(Case(cfg, 2, length, 8, 2, 64), dtype=jnp.bfloat16, seed=length)
+    k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
+    out, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
+    got_out, got_lse = jax.jit(lambda *a: _nsa_cudnn.compressed_attention(
+        *a, cfg, lse_length=lse.shape[1]))(q, k_cmp, v_cmp)
+    assert got_out.dtype == q.dtype and got_lse.shape == lse.shape
+    assert_trees_close(got_out, out, rtol=2e-2, atol=2e-2)
+    seen = np.isfinite(np.asarray(lse))
+    assert np.array_equal(np.isfinite(np.asarray(got_lse)), seen)
+    np.testing.assert_allclose(np.asarray(got_lse)[seen], np.asarray(lse)[seen], rtol=1e-4, atol=1e-4)
+    if length > cfg.select_size * cfg.num_selected:
+        ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
+        got_ids = _nsa_pallas.selection_ids(q, k_cmp, got_lse, cfg=cfg)
+        assert float(jnp.mean(jnp.all(got_ids == ids, axis=-1))) > 0.999
+
+
+@gpu_only
+def test_gpu_nsa_attention_bfloat16_matches_reference():
+    """The dispatched bfloat16 GPU path (cuDNN's compressed and window branches,
+    the Pallas selection and selected kernels) against the reference, forward
+    and gradients, T a multiple of no block size."""
+    from jax_topk import _nsa_dispatch
+
+    cfg = nsa.NSAConfig(window=100)
+    q, k, v, g, params = make_inputs(Case(cfg, 1, 1001, 8, 2, 64), jnp.bfloat16, seed=4)
+    assert _nsa_dispatch.plan(cfg, q.shape, q.dtype, 2, "test").cudnn_compressed
+    cotangent = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape), jnp.bfloat16)
+    got = output_and_grads(nsa.nsa_attention, cfg, q, k, v, g, params, cotangent)
+    want = output_and_grads(nsa.reference, cfg, q, k, v, g, params, cotangent)
+    for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
+        assert np.linalg.norm(a - e) <= 2e-2 * np.linalg.norm(e) + 1e-3
 
 
 @gpu_only
