@@ -74,23 +74,48 @@ def window_attention(q, k, v, cfg):
     return out[:, :length]
 
 
-def _rows_as_heads(attention: Attention, rows, k, v, scale: float):
-    """``attention`` of ``rows [B, L, R, Hq, D]`` (R residues of L query rows)
-    over ``k``, ``v``, the R residues laid out as query heads: KV head major, so
-    each KV head's ``R * G`` query heads read it (GQA), no copy of the keys.
-    Returns ``(out [B, L, R, Hq, D], lse [B, L, R, Hq])``."""
+def _causal_rows(attention: Attention, rows, k, v, scale: float, residue_major: bool):
+    """``attention`` of ``rows [B, L, R, Hq, D]`` (R residues of L query rows,
+    row j seeing keys 0 .. j) over ``k``, ``v`` ``[B, S, Hkv, D]``, the residues
+    laid out as query heads. KV head major (each KV head's ``R * G`` query heads
+    read it: GQA) costs a transpose of the queries and the outputs; residue
+    major is a reshape, but each residue reads its own copy of the keys.
+    Returns ``(out [B, L, R, Hq, D], lse [B, L, R, Hq] float32)``."""
     b, length, residues, q_heads, dim = rows.shape
     kv_heads = k.shape[2]
     groups = q_heads // kv_heads
-    heads = rows.reshape(b, length, residues, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
-    out, lse = attention(heads.reshape(b, length, kv_heads * residues * groups, dim), k, v, scale)
+    # cuDNN's backward pass takes even lengths only. Padded keys come last: a real
+    # row j < S never sees them, and padded rows are dropped.
+    even = lambda x: jnp.pad(x, [(0, 0), (0, x.shape[1] % 2)] + [(0, 0)] * (x.ndim - 2))
+    if residue_major:
+        heads = rows.reshape(b, length, residues * q_heads, dim)
+        k, v = (jnp.broadcast_to(x[:, :, None], (b, x.shape[1], residues, kv_heads, dim))
+                .reshape(b, x.shape[1], residues * kv_heads, dim) for x in (k, v))
+    else:
+        heads = rows.reshape(b, length, residues, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
+        heads = heads.reshape(b, length, kv_heads * residues * groups, dim)
+    out, lse = attention(even(heads), even(k), even(v), scale)
+    out, lse = out[:, :length], lse[:, :length].astype(jnp.float32)
+    if residue_major:
+        return out.reshape(rows.shape), lse.reshape(rows.shape[:4])
     out = out.reshape(b, length, kv_heads, residues, groups, dim).transpose(0, 1, 3, 2, 4, 5)
     lse = lse.reshape(b, length, kv_heads, residues, groups).transpose(0, 1, 3, 2, 4)
     return out.reshape(rows.shape), lse.reshape(rows.shape[:4])
 
 
+def _by_row_and_residue(rest, last, first_rows: int, fill):
+    """``[B, A, d, ...]`` from the rows a >= m of residues 0 .. d-2 (``rest``,
+    A - m rows) and the rows a >= m - 1 of residue d - 1 (``last``), ``fill``
+    everywhere else (queries that see no block). One concatenation: XLA writes
+    the result in one pass."""
+    b, _, residues, *tail = rest.shape
+    below = jnp.full((b, first_rows - 1, residues + 1, *tail), fill, rest.dtype)
+    edge = jnp.concatenate([jnp.full((b, 1, residues, *tail), fill, rest.dtype), last[:, :1]], axis=2)
+    return jnp.concatenate([below, edge, jnp.concatenate([rest, last[:, 1:]], axis=2)], axis=1)
+
+
 def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
-                         attention: Attention = cudnn_causal_attention):
+                         attention: Attention = cudnn_causal_attention, residue_major: bool = False):
     """The compressed branch and its log-sum-exp, by causal flash attention per residue class.
 
     q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype. Returns
@@ -101,20 +126,20 @@ def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
     b, length, q_heads, dim = q.shape
     kv_heads = k_cmp.shape[2]
     d, m = cfg.stride, cfg.block_size // cfg.stride
-    num_blocks = core.num_compressed_blocks(length, cfg.block_size, d)
+    lse_shape = (b, lse_length, kv_heads, q_heads // kv_heads)
+    if not core.num_compressed_blocks(length, cfg.block_size, d):  # T < l: no query sees a block
+        return jnp.zeros_like(q), jnp.full(lse_shape, jnp.inf, jnp.float32)
     rows = -(-length // d)
-    out = jnp.zeros((b, rows, d, q_heads, dim), q.dtype)
-    lse = jnp.full((b, rows, d, q_heads), jnp.inf, jnp.float32)
-    if num_blocks:  # else no query sees a block (T < l)
-        scale = cfg.softmax_scale(dim)
-        grid = jnp.pad(q, [(0, 0), (0, rows * d - length), (0, 0), (0, 0)]).reshape(b, rows, d, q_heads, dim)
-        # Rows a >= m of residues 0 .. d-2 (none when d = 1 or T = l), then rows a >= m - 1 of residue d - 1.
-        for first, residues in ((m, slice(0, d - 1)), (m - 1, slice(d - 1, d))):
-            part = grid[:, first:, residues]
-            if part.size:
-                part_out, part_lse = _rows_as_heads(attention, part, k_cmp, v_cmp, scale)
-                out = out.at[:, first:, residues].set(part_out.astype(q.dtype))
-                lse = lse.at[:, first:, residues].set(part_lse.astype(jnp.float32))
-    lse = lse.reshape(b, rows * d, kv_heads, q_heads // kv_heads)[:, :length] * math.log2(math.e)
-    lse = jnp.pad(lse, [(0, 0), (0, lse_length - length), (0, 0), (0, 0)], constant_values=jnp.inf)
-    return out.reshape(b, rows * d, q_heads, dim)[:, :length], lse
+    grid = jnp.pad(q, [(0, 0), (0, rows * d - length), (0, 0), (0, 0)]).reshape(b, rows, d, q_heads, dim)
+    run = lambda part: _causal_rows(attention, part, k_cmp, v_cmp, cfg.softmax_scale(dim), residue_major)
+    last = run(grid[:, m - 1:, d - 1:])  # residue d - 1: row a - m + 1 sees blocks 0 .. a - m + 1
+    if d > 1 and rows > m:  # residues 0 .. d-2: row a - m sees blocks 0 .. a - m
+        rest = run(grid[:, m:, :d - 1])
+    else:
+        rest = (jnp.zeros((b, rows - m, d - 1, q_heads, dim), q.dtype),
+                jnp.zeros((b, rows - m, d - 1, q_heads), jnp.float32))
+    out = _by_row_and_residue(rest[0].astype(q.dtype), last[0].astype(q.dtype), m, 0)
+    lse = _by_row_and_residue(rest[1], last[1], m, jnp.inf)
+    out = out.reshape(b, rows * d, q_heads, dim)[:, :length]
+    lse = lse.reshape(b, rows * d, *lse_shape[2:])[:, :length] * math.log2(math.e)
+    return out, jnp.pad(lse, [(0, 0), (0, lse_length - length), (0, 0), (0, 0)], constant_values=jnp.inf)
