@@ -153,9 +153,6 @@ def branch_breakdown(t: int, args) -> dict:
             lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg, interpret=interpret), (q, k_cmp, v_cmp)),
         "compressed (cuDNN per residue class, + log-sum-exp)": (
             lambda a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1]), (q, k_cmp, v_cmp)),
-        "compressed (cuDNN, residues major)": (
-            lambda a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1], residue_major=True),
-            (q, k_cmp, v_cmp)),
         "block scores + select (kernel + top_k)": (
             lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, interpret=interpret), (q, k_cmp, lse)),
         "selected (dispatched)": (lambda a: nsa.selected_attention(*a, cfg), (q, k, v, ids)),

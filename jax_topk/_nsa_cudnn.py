@@ -74,48 +74,38 @@ def window_attention(q, k, v, cfg):
     return out[:, :length]
 
 
-def _causal_rows(attention: Attention, rows, k, v, scale: float, residue_major: bool):
+def _causal_rows(attention: Attention, rows, k, v, scale: float):
     """``attention`` of ``rows [B, L, R, Hq, D]`` (R residues of L query rows,
     row j seeing keys 0 .. j) over ``k``, ``v`` ``[B, S, Hkv, D]``, the residues
-    laid out as query heads. KV head major (each KV head's ``R * G`` query heads
-    read it: GQA) costs a transpose of the queries and the outputs; residue
-    major is a reshape, but each residue reads its own copy of the keys.
+    laid out as query heads, KV head major: each KV head's ``R * G`` query heads
+    read it (GQA), so the keys are not copied per residue (laying the residues
+    out first and copying the keys measured the same).
     Returns ``(out [B, L, R, Hq, D], lse [B, L, R, Hq] float32)``."""
     b, length, residues, q_heads, dim = rows.shape
     kv_heads = k.shape[2]
     groups = q_heads // kv_heads
     # cuDNN's backward pass takes even lengths only. Padded keys come last: a real
     # row j < S never sees them, and padded rows are dropped.
-    even = lambda x: jnp.pad(x, [(0, 0), (0, x.shape[1] % 2)] + [(0, 0)] * (x.ndim - 2))
-    if residue_major:
-        heads = rows.reshape(b, length, residues * q_heads, dim)
-        k, v = (jnp.broadcast_to(x[:, :, None], (b, x.shape[1], residues, kv_heads, dim))
-                .reshape(b, x.shape[1], residues * kv_heads, dim) for x in (k, v))
-    else:
-        heads = rows.reshape(b, length, residues, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
-        heads = heads.reshape(b, length, kv_heads * residues * groups, dim)
-    out, lse = attention(even(heads), even(k), even(v), scale)
-    out, lse = out[:, :length], lse[:, :length].astype(jnp.float32)
-    if residue_major:
-        return out.reshape(rows.shape), lse.reshape(rows.shape[:4])
-    out = out.reshape(b, length, kv_heads, residues, groups, dim).transpose(0, 1, 3, 2, 4, 5)
-    lse = lse.reshape(b, length, kv_heads, residues, groups).transpose(0, 1, 3, 2, 4)
-    return out.reshape(rows.shape), lse.reshape(rows.shape[:4])
+    even = lambda x: jnp.pad(x, [(0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)])
+    heads = rows.reshape(b, length, residues, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
+    out, lse = attention(even(heads.reshape(b, length, kv_heads * residues * groups, dim)), even(k), even(v), scale)
+    out = out[:, :length].reshape(b, length, kv_heads, residues, groups, dim).transpose(0, 1, 3, 2, 4, 5)
+    lse = lse[:, :length].reshape(b, length, kv_heads, residues, groups).transpose(0, 1, 3, 2, 4)
+    return out.reshape(rows.shape), lse.reshape(rows.shape[:4]).astype(jnp.float32)
 
 
 def _by_row_and_residue(rest, last, first_rows: int, fill):
     """``[B, A, d, ...]`` from the rows a >= m of residues 0 .. d-2 (``rest``,
     A - m rows) and the rows a >= m - 1 of residue d - 1 (``last``), ``fill``
-    everywhere else (queries that see no block). One concatenation: XLA writes
-    the result in one pass."""
-    b, _, residues, *tail = rest.shape
-    below = jnp.full((b, first_rows - 1, residues + 1, *tail), fill, rest.dtype)
-    edge = jnp.concatenate([jnp.full((b, 1, residues, *tail), fill, rest.dtype), last[:, :1]], axis=2)
-    return jnp.concatenate([below, edge, jnp.concatenate([rest, last[:, 1:]], axis=2)], axis=1)
+    everywhere else (queries that see no block). A pad, then ``last`` written
+    in place: XLA writes the result in about one pass (a concatenation of the
+    two measured 4x slower on an H200: benchmarks/results/NOTES.md)."""
+    widths = [(0, 0), (first_rows, 0), (0, 1)] + [(0, 0)] * (rest.ndim - 3)
+    return jnp.pad(rest, widths, constant_values=fill).at[:, first_rows - 1:, -1:].set(last)
 
 
 def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
-                         attention: Attention = cudnn_causal_attention, residue_major: bool = False):
+                         attention: Attention = cudnn_causal_attention):
     """The compressed branch and its log-sum-exp, by causal flash attention per residue class.
 
     q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype. Returns
@@ -131,7 +121,7 @@ def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
         return jnp.zeros_like(q), jnp.full(lse_shape, jnp.inf, jnp.float32)
     rows = -(-length // d)
     grid = jnp.pad(q, [(0, 0), (0, rows * d - length), (0, 0), (0, 0)]).reshape(b, rows, d, q_heads, dim)
-    run = lambda part: _causal_rows(attention, part, k_cmp, v_cmp, cfg.softmax_scale(dim), residue_major)
+    run = lambda part: _causal_rows(attention, part, k_cmp, v_cmp, cfg.softmax_scale(dim))
     last = run(grid[:, m - 1:, d - 1:])  # residue d - 1: row a - m + 1 sees blocks 0 .. a - m + 1
     if d > 1 and rows > m:  # residues 0 .. d-2: row a - m sees blocks 0 .. a - m
         rest = run(grid[:, m:, :d - 1])

@@ -51,16 +51,19 @@ scores, ``tile * n * l'`` gathered keys, ``tile * (tile + w)`` window scores),
 and tiles are rematerialised under ``jax.grad``. No ``[T, T]`` array exists.
 
 Implementations (``NSAConfig.implementation``, decided in ``_nsa_dispatch``):
-on a CUDA GPU the compressed branch with its block scores and the selected
-branch are Pallas (Triton) kernels (``_nsa_pallas``) and the window branch is
-cuDNN's sliding-window flash attention (bfloat16 and float16); elsewhere, and
-for shapes the kernels do not take (head dim, ``Hq/Hkv``, ``l'`` and ``l'/d``
-must be powers of two), the plain-JAX tiled branches run. Both compute the same
+on a CUDA GPU the block scores and the selected branch are Pallas (Triton)
+kernels (``_nsa_pallas``); the compressed branch is cuDNN's flash attention
+(bfloat16 and float16: causal attention per residue class of the queries,
+``_nsa_cudnn``) or a Pallas kernel (float32), and the window branch is cuDNN's
+sliding-window flash attention (bfloat16 and float16); elsewhere, and for
+shapes the kernels do not take (head dim, ``Hq/Hkv``, ``l'`` and ``l'/d`` must
+be powers of two), the plain-JAX tiled branches run. All compute the same
 function: they differ by the order of float sums and, in bfloat16, by the
 kernels rounding attention probabilities to bfloat16 before they meet the
 values. The kernels' block scores exist for 4096 queries at a time (memory stays
-O(T)); their gradients are the plain branches' VJPs. On every path the
-compressed keys and values are rounded to the input dtype before attention.
+O(T)). Gradients: cuDNN's backward passes for its branches, the plain branches'
+VJPs for the Pallas kernels. On every path the compressed keys and values are
+rounded to the input dtype before attention.
 
 Variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` takes packed
 sequences in a batch of one (``q`` ``[1, total, Hq, D]``) and int32
@@ -120,9 +123,8 @@ class NSAConfig:
       local_blocks: selection blocks ending at the query's own block always selected (the paper: 2).
       scale: softmax scale; None means ``1/sqrt(head_dim)``.
       query_tile: queries per tile of the O(T)-memory loops.
-      implementation: ``"auto"`` (Pallas kernels for the compressed and
-        selected branches and cuDNN's sliding-window attention on a CUDA GPU,
-        where the shapes suit them; plain JAX elsewhere), ``"xla"`` (plain JAX
+      implementation: ``"auto"`` (Pallas kernels and cuDNN's flash attention
+        on a CUDA GPU, where the shapes suit them; plain JAX elsewhere), ``"xla"`` (plain JAX
         everywhere) or ``"pallas"`` (the kernels, in Pallas's interpreter off
         the GPU; an error when the shapes do not suit them). All give the same
         function; see "Implementations" in the module docstring.

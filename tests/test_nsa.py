@@ -406,8 +406,7 @@ def _xla_causal_attention(q, k, v, scale):
 @pytest.mark.parametrize("block_size, stride, length", [
     (32, 16, 1000), (32, 16, 31), (32, 16, 32), (32, 16, 47), (32, 16, 48),
     (8, 4, 61), (12, 4, 50), (4, 4, 23), (3, 1, 17), (6, 2, 6)])
-@pytest.mark.parametrize("residue_major", [False, True])
-def test_compressed_attention_by_residue_classes(block_size, stride, length, residue_major):
+def test_compressed_attention_by_residue_classes(block_size, stride, length):
     """``_nsa_cudnn.compressed_attention`` (the compressed branch as causal flash
     attention per residue class of the queries, here with XLA's attention in
     place of cuDNN's) against a float64 numpy oracle of the branch and of its
@@ -424,7 +423,7 @@ def test_compressed_attention_by_residue_classes(block_size, stride, length, res
                     for _ in range(2))
     lse_length = length + 5
     out, lse = _nsa_cudnn.compressed_attention(q, k_cmp, v_cmp, cfg, lse_length=lse_length,
-                                               attention=_xla_causal_attention, residue_major=residue_major)
+                                               attention=_xla_causal_attention)
 
     group = q_heads // kv_heads
     qn, kn, vn = (np.repeat(np.asarray(x, np.float64), g, axis=2) for x, g in ((q, 1), (k_cmp, group), (v_cmp, group)))
@@ -495,16 +494,15 @@ def test_gpu_cudnn_compressed_matches_the_kernel(length):
     q, k, v, _, _ = make_inputs(Case(cfg, 2, length, 8, 2, 64), dtype=jnp.bfloat16, seed=length)
     k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
     out, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
-    for residue_major in (False, True):
-        got_out, got_lse = jax.jit(lambda *a: _nsa_cudnn.compressed_attention(
-            *a, cfg, lse_length=lse.shape[1], residue_major=residue_major))(q, k_cmp, v_cmp)
-        assert got_out.dtype == q.dtype and got_lse.shape == lse.shape
-        assert_trees_close(got_out, out, rtol=2e-2, atol=2e-2)
-        want, got = np.asarray(lse)[:, :length], np.asarray(got_lse)
-        assert np.all(np.isinf(got[:, length:]))  # the kernel's rows past T are padding: any value
-        seen = np.isfinite(want)
-        assert np.array_equal(np.isfinite(got[:, :length]), seen)
-        np.testing.assert_allclose(got[:, :length][seen], want[seen], rtol=1e-4, atol=1e-4)
+    got_out, got_lse = jax.jit(lambda *a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1]))(
+        q, k_cmp, v_cmp)
+    assert got_out.dtype == q.dtype and got_lse.shape == lse.shape
+    assert_trees_close(got_out, out, rtol=2e-2, atol=2e-2)
+    want, got = np.asarray(lse)[:, :length], np.asarray(got_lse)
+    assert np.all(np.isinf(got[:, length:]))  # the kernel's rows past T are padding: any value
+    seen = np.isfinite(want)
+    assert np.array_equal(np.isfinite(got[:, :length]), seen)
+    np.testing.assert_allclose(got[:, :length][seen], want[seen], rtol=1e-4, atol=1e-4)
     if length > cfg.select_size * cfg.num_selected:
         ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
         got_ids = _nsa_pallas.selection_ids(q, k_cmp, got_lse, cfg=cfg)
