@@ -21,9 +21,12 @@ On the kernel path the selected-attention kernel also mixes the three
 branches by their gates in its epilogue (``_nsa_core.gated_sum``), so the
 output is written once instead of by a pass over all three branch outputs.
 
-The Pallas kernels are forward passes. Their gradients are the plain branches' VJPs
-(``jax.custom_vjp``): the backward pass recomputes each branch tile by tile, so
-training memory stays O(T). The selection is never differentiated.
+Gradients: cuDNN's backward passes for its branches; for the selected kernel
+its own backward kernels (``_nsa_pallas.selected_attention_bwd``: dq per
+token, dk and dv per key block over the tokens that chose it, from the
+forward's log-sum-exp); for the float32 compressed kernel the plain branch's
+VJP, which recomputes it tile by tile. Training memory stays O(T). The
+selection is never differentiated.
 """
 
 from __future__ import annotations
@@ -102,18 +105,14 @@ def _selected_kernel(q, k, v, block_ids, cfg, interpret):
 
 
 def _selected_fwd(q, k, v, block_ids, cfg, interpret):
-    return _selected_kernel(q, k, v, block_ids, cfg, interpret), (q, k, v, block_ids)
-
-
-def _plain_selected_vjp(q, k, v, block_ids, cfg):
-    """The plain selected branch's output and its VJP in q, k, v: the kernels' backward."""
-    return jax.vjp(lambda q, k, v: tiled.selected_attention(q, k, v, block_ids, cfg=cfg), q, k, v)
+    out, _, lse = kernels.selected_attention(q, k, v, block_ids, cfg=cfg, interpret=interpret, residuals=True)
+    return out, (q, k, v, block_ids, out, lse)
 
 
 def _selected_bwd(cfg, interpret, residuals, cotangent):
-    del interpret
-    _, vjp = _plain_selected_vjp(*residuals, cfg)
-    return (*vjp(cotangent), None)
+    q, k, v, block_ids, out, lse = residuals
+    grads = kernels.selected_attention_bwd(q, k, v, block_ids, out, lse, cotangent, cfg=cfg, interpret=interpret)
+    return (*grads, None)
 
 
 _selected_kernel.defvjp(_selected_fwd, _selected_bwd)
@@ -133,17 +132,18 @@ def _selected_mixed_kernel(q, k, v, block_ids, compressed, window, gates, cfg, i
 
 
 def _selected_mixed_fwd(q, k, v, block_ids, compressed, window, gates, cfg, interpret):
-    out = _selected_mixed_kernel(q, k, v, block_ids, compressed, window, gates, cfg, interpret)
-    return out, (q, k, v, block_ids, compressed, window, gates)
+    out, selected, lse = kernels.selected_attention(q, k, v, block_ids, (compressed, window, gates), cfg=cfg,
+                                                    interpret=interpret, residuals=True)
+    return out, (q, k, v, block_ids, compressed, window, gates, selected, lse)
 
 
 def _selected_mixed_bwd(cfg, interpret, residuals, cotangent):
-    del interpret
-    q, k, v, block_ids, compressed, window, gates = residuals
-    selected, selected_vjp = _plain_selected_vjp(q, k, v, block_ids, cfg)
+    q, k, v, block_ids, compressed, window, gates, selected, lse = residuals
     mix = functools.partial(mix_branches, dtype=q.dtype)
     d_compressed, d_selected, d_window, d_gates = jax.vjp(mix, compressed, selected, window, gates)[1](cotangent)
-    return (*selected_vjp(d_selected), None, d_compressed, d_window, d_gates)
+    dq, dk, dv = kernels.selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, cfg=cfg,
+                                                interpret=interpret)
+    return dq, dk, dv, None, d_compressed, d_window, d_gates
 
 
 _selected_mixed_kernel.defvjp(_selected_mixed_fwd, _selected_mixed_bwd)

@@ -52,7 +52,7 @@ _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
-LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3)}
+LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_dkv": (8, 2)}
 
 
 def _pow2(n: int) -> bool:
@@ -345,7 +345,9 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
 
 
 def _selected_rows(ids_ref, q_ref, k_ref, v_ref, *, length, select_size, scale):
-    """The group's ``[rows, D]`` float32 outputs of one (token, KV head)."""
+    """The group's ``[rows, D]`` float32 outputs of one (token, KV head), and
+    their log-sum-exp ``[rows]`` (base 2, of the base-2 scores; +inf for a row
+    that sees no key): the backward pass's residual."""
     position = pl.program_id(0) % length  # programs run KV head major, token minor
     q = q_ref[...]  # [G, D]
     offsets = jnp.arange(select_size, dtype=jnp.int32)
@@ -358,26 +360,61 @@ def _selected_rows(ids_ref, q_ref, k_ref, v_ref, *, length, select_size, scale):
         scores = jnp.where(allowed[None, :], scores, -jnp.inf)
         return _online_softmax_step(carry, scores, v_ref[pl.ds(start, select_size), :], q.dtype)
 
-    _, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
-    return acc / jnp.where(l == 0, 1.0, l)[:, None]
+    m, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
+    lse = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf)
+    return acc / jnp.where(l == 0, 1.0, l)[:, None], lse
 
 
-def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, **kw):
-    o_ref[...] = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw).astype(o_ref.dtype)
+def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, **kw):
+    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw)
+    o_ref[...] = out.astype(o_ref.dtype)
+    if lse_ref:
+        lse_ref[0][...] = lse
 
 
 def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref,
-                           **kw):
+                           *residual_refs, **kw):
     """The selected branch, then ``nsa``'s gate mix of the three branches
     (``_nsa_core.gated_sum``; the selected output rounded to the input dtype
-    first, as the branch returns it): one pass over the outputs, not two."""
-    selected = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw).astype(o_ref.dtype)
+    first, as the branch returns it): one pass over the outputs, not two.
+    With ``residual_refs`` (the VJP's forward) it also writes the selected
+    output and its log-sum-exp."""
+    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw)
+    selected = out.astype(o_ref.dtype)
     gates = [ref[...][:, None] for ref in (g_cmp_ref, g_slc_ref, g_win_ref)]
     o_ref[...] = core.gated_sum((cmp_ref[...], selected, win_ref[...]), gates, o_ref.dtype)
+    if residual_refs:
+        residual_refs[0][...] = selected
+        residual_refs[1][...] = lse
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
-def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = False):
+def _selected_layout(q, k, v, block_ids, select_size: int):
+    """What the selected kernels read: ``(rows, padded, ids, k, v, grouped)``:
+    the dot's M (G, at least 16: small groups get zero queries), the keys
+    padded to whole blocks, the ids padded to a power-of-two count with -1
+    (also for ids past the last block, which select nothing, as in the plain
+    branch; every slice a kernel reads then lies within the padded keys), and
+    ``grouped(x)``: ``[B, T, Hq, ...] -> [B, T, Hkv, rows, ...]``."""
+    length, q_heads = q.shape[1:3]
+    kv_heads = k.shape[2]
+    groups = q_heads // kv_heads
+    rows = max(groups, _MIN_DOT)
+    padded = core.num_selection_blocks(length, select_size) * select_size
+    num_ids = block_ids.shape[-1]
+    id_slots = 1 << max(0, num_ids - 1).bit_length()
+    ids = block_ids.astype(jnp.int32)
+    ids = jnp.where(ids < padded // select_size, ids, -1)
+    ids = jnp.pad(ids, [(0, 0)] * 3 + [(0, id_slots - num_ids)], constant_values=-1)
+
+    def grouped(x):
+        x = x.reshape(*x.shape[:2], kv_heads, groups, *x.shape[3:])
+        return jnp.pad(x, [(0, 0)] * 3 + [(0, rows - groups)] + [(0, 0)] * (x.ndim - 4))
+
+    return rows, padded, ids, _pad_tokens(k, padded), _pad_tokens(v, padded), grouped
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret", "residuals"))
+def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = False, residuals: bool = False):
     """``nsa.selected_attention`` by the kernel: q ``[B, T, Hq, D]``, k and v
     ``[B, T, Hkv, D]``, block_ids int32 ``[B, T, Hkv, n]`` -> ``[B, T, Hq, D]``.
 
@@ -385,6 +422,8 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     dtype, gates ``[B, T, Hq, 3]``) returns ``nsa_attention``'s output instead:
     the three branches weighted by their gates, summed in the compute dtype
     and rounded to q's dtype, by ``_nsa_core.gated_sum`` as on the plain path.
+    ``residuals=True`` returns ``(output, selected [B, T, Hq, D], lse)`` for
+    ``selected_attention_bwd`` (lse ``[B, T, Hkv, rows]`` float32).
 
     Programs run KV head major (token minor), so the programs resident at
     once gather from one head's keys and values, which then stay in L2.
@@ -392,44 +431,241 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     batch, length, q_heads, dim = q.shape
     kv_heads = k.shape[2]
     groups = q_heads // kv_heads
-    rows = max(groups, _MIN_DOT)  # the dot's M: small groups get zero queries
-    select_size = cfg.select_size
-    padded = core.num_selection_blocks(length, select_size) * select_size
-    num_ids = block_ids.shape[-1]
-    id_slots = 1 << max(0, num_ids - 1).bit_length()  # a power of two; extra slots are -1
-    grouped = lambda x: jnp.pad(core.group_queries(x, kv_heads), [(0, 0)] * 3 + [(0, rows - groups), (0, 0)])
+    rows, padded, ids, k, v, grouped = _selected_layout(q, k, v, block_ids, cfg.select_size)
     queries = grouped(q)
-    # Ids past the last block select nothing (as in the plain branch); every
-    # slice the kernel reads then lies within the padded keys.
-    ids = block_ids.astype(jnp.int32)
-    ids = jnp.where(ids < padded // select_size, ids, -1)
-    ids = jnp.pad(ids, [(0, 0)] * 3 + [(0, id_slots - num_ids)], constant_values=-1)
-    k, v = _pad_tokens(k, padded), _pad_tokens(v, padded)
 
     def token(r):  # (b, t, h) of program r
         bh = r // length
         return bh // kv_heads, r % length, bh % kv_heads
 
     group_spec = pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0))
+    row_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
     kv_spec = pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))
-    in_specs = [pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)), group_spec, kv_spec, kv_spec]
+    in_specs = [pl.BlockSpec((None, None, None, ids.shape[-1]), lambda r: (*token(r), 0)), group_spec, kv_spec,
+                kv_spec]
     operands = [ids, queries, k, v]
-    kw = dict(length=length, select_size=select_size, scale=_score_scale(cfg.softmax_scale(dim)))
+    kw = dict(length=length, select_size=cfg.select_size, scale=_score_scale(cfg.softmax_scale(dim)))
     kernel = functools.partial(_selected_kernel, **kw)
+    out_specs, out_shape = [group_spec], [jax.ShapeDtypeStruct(queries.shape, q.dtype)]
     if mix is not None:
         compressed, window, gates = mix
-        gate_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
         gate_columns = [grouped(gates[..., i:i + 1])[..., 0] for i in range(3)]  # [B, T, Hkv, rows] each
-        in_specs += [group_spec, group_spec] + [gate_spec] * 3
+        in_specs += [group_spec, group_spec] + [row_spec] * 3
         operands += [grouped(compressed), grouped(window)] + gate_columns
         kernel = functools.partial(_selected_mixed_kernel, **kw)
-    out = pl.pallas_call(
+        if residuals:  # the selected output beside the mix
+            out_specs.append(group_spec)
+            out_shape.append(jax.ShapeDtypeStruct(queries.shape, q.dtype))
+    if residuals:
+        out_specs.append(row_spec)
+        out_shape.append(jax.ShapeDtypeStruct(queries.shape[:4], jnp.float32))
+    outs = pl.pallas_call(
         kernel,
         grid=(batch * kv_heads * length,),
         in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        compiler_params=_compiler("selected"),
+        interpret=interpret,
+    )(*operands)
+    out = core.ungroup_queries(outs[0][..., :groups, :])
+    if not residuals:
+        return out
+    return out, core.ungroup_queries(outs[-2][..., :groups, :]), outs[-1]
+
+
+# ----------------------------------------------------------------------------- selected attention, backward
+
+_SEGMENT_VISITS = 1024  # (token, block) visits per program of the key-block gradient kernel
+
+
+def _visit_gradients(q, do, lse, delta, keys, values, allowed, scale):
+    """One (token, selected block) of the backward pass: the probabilities
+    from the forward's log-sum-exp (base 2), ``(p, ds)`` ``[rows, l']``
+    float32, ds the gradient of the loss in the (unscaled) scores."""
+    scores = _dot(q, keys.T, q.dtype) * scale
+    p = jnp.where(allowed, jnp.exp2(scores - lse[:, None]), 0.0)
+    return p, p * (_dot(do, values.T, q.dtype) - delta[:, None])
+
+
+def _selected_dq_kernel(ids_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *, length, select_size,
+                        scale, softmax_scale):
+    """dq of one (token, KV head): the group's rows over the token's blocks."""
+    position = pl.program_id(0) % length
+    q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
+    offsets = jnp.arange(select_size, dtype=jnp.int32)
+
+    def visit(j, dq):
+        block = ids_ref[j]
+        start = jnp.maximum(block, 0) * select_size
+        keys = k_ref[pl.ds(start, select_size), :]
+        allowed = ((block >= 0) & (start + offsets <= position))[None, :]
+        _, ds = _visit_gradients(q, do, lse, delta, keys, v_ref[pl.ds(start, select_size), :], allowed, scale)
+        return dq + _dot(ds.astype(q.dtype), keys, q.dtype)
+
+    dq = jax.lax.fori_loop(0, ids_ref.shape[0], visit, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = (dq * softmax_scale).astype(dq_ref.dtype)
+
+
+def _selected_dkv_kernel(segments_ref, tokens_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                         *, num_segments, select_size, scale, softmax_scale):
+    """Partial dk, dv of one key block from one segment of the tokens that
+    selected it (``segments_ref``: block, first and end visit; ``tokens_ref``:
+    the visits' tokens, by block, then token)."""
+    segment = pl.program_id(0) % num_segments
+    block, first, end = segments_ref[segment, 0], segments_ref[segment, 1], segments_ref[segment, 2]
+    start = jnp.maximum(block, 0) * select_size
+    keys, values = k_ref[pl.ds(start, select_size), :], v_ref[pl.ds(start, select_size), :]
+    key_positions = start + jnp.arange(select_size, dtype=jnp.int32)
+
+    def visit(j, carry):
+        dk, dv = carry
+        t = tokens_ref[j]
+        q, do = q_ref[pl.ds(t, 1)][0], do_ref[pl.ds(t, 1)][0]
+        lse, delta = lse_ref[pl.ds(t, 1)][0], delta_ref[pl.ds(t, 1)][0]
+        p, ds = _visit_gradients(q, do, lse, delta, keys, values, (key_positions <= t)[None, :], scale)
+        return dk + _dot(ds.astype(q.dtype).T, q, q.dtype), dv + _dot(p.astype(q.dtype).T, do, q.dtype)
+
+    zeros = jnp.zeros(keys.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(first, end, visit, (zeros, zeros))
+    dk_ref[...] = dk * softmax_scale
+    dv_ref[...] = dv
+
+
+def _sum_segments_kernel(first_ref, dk_ref, dv_ref, dk_out_ref, dv_out_ref, *, num_blocks):
+    """One key block's dk, dv: its segments' partial sums, in segment order (deterministic)."""
+    block = pl.program_id(0) % num_blocks
+
+    def add(i, carry):
+        return carry[0] + dk_ref[pl.ds(i, 1)][0], carry[1] + dv_ref[pl.ds(i, 1)][0]
+
+    zeros = jnp.zeros(dk_out_ref.shape, jnp.float32)
+    dk, dv = jax.lax.fori_loop(first_ref[block], first_ref[block + 1], add, (zeros, zeros))
+    dk_out_ref[...], dv_out_ref[...] = dk, dv
+
+
+def _visit_segments(ids, num_blocks: int):
+    """The (token, block) visits of ids ``[B, T, Hkv, slots]`` by block, and
+    segments of at most ``_SEGMENT_VISITS`` of them within a block, per (batch,
+    KV head): ``(tokens [B, Hkv, T * slots], segments [B, Hkv, S, 3], first
+    [B, Hkv, Ns + 1])``: the visits' tokens (by block, then token; unused
+    visits last), each segment's (block, first visit, end visit) (-1, 0, 0
+    past the last), and each block's first segment. S = T * slots /
+    _SEGMENT_VISITS + Ns bounds the segments: memory stays O(T)."""
+    from jax_topk._sort import argsort  # the library's own stable sort (a cycle at import time otherwise)
+
+    batch, length, kv_heads, slots = ids.shape
+    visits = length * slots
+    size = _SEGMENT_VISITS
+    max_segments = -(-visits // size) + num_blocks
+    keys = jnp.where(ids >= 0, ids, num_blocks).transpose(0, 2, 1, 3).reshape(batch, kv_heads, visits)
+    order = argsort(keys, axis=-1)
+    tokens = (order // slots).astype(jnp.int32)
+
+    def per_head(keys):
+        counts = jnp.zeros(num_blocks + 1, jnp.int32).at[keys].add(1)[:num_blocks]
+        starts = jnp.cumsum(counts) - counts
+        per_block = -(-counts // size)
+        first = jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(per_block)]).astype(jnp.int32)
+        index = jnp.arange(max_segments, dtype=jnp.int32)
+        block = jnp.clip(jnp.searchsorted(first, index, side="right") - 1, 0, num_blocks - 1)
+        used = index < first[-1]
+        begin = starts[block] + (index - first[block]) * size
+        end = jnp.minimum(begin + size, starts[block] + counts[block])
+        segments = jnp.stack([jnp.where(used, block, -1), jnp.where(used, begin, 0), jnp.where(used, end, 0)], -1)
+        return segments.astype(jnp.int32), first
+
+    segments, first = jax.vmap(jax.vmap(per_head))(keys)
+    return tokens, segments, first
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
+def selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, *, cfg, interpret: bool = False):
+    """Gradients ``(dq, dk, dv)`` of the selected branch from the cotangent of
+    its output ``d_selected``, given its output ``selected`` and log-sum-exp
+    ``lse`` (``selected_attention(..., residuals=True)``).
+
+    dq: a program per (token, KV head), as the forward. dk, dv: each key
+    block gathers the tokens that selected it (a stable sort of the
+    (token, block) visits by block), in segments of ``_SEGMENT_VISITS``
+    visits so that blocks picked by every token (the forced first block) do
+    not serialise the grid; a second kernel sums each block's segments in
+    order, so the gradients are deterministic (no atomics).
+    """
+    batch, length, q_heads, dim = q.shape
+    kv_heads = k.shape[2]
+    groups = q_heads // kv_heads
+    select_size = cfg.select_size
+    rows, padded, ids, k_pad, v_pad, grouped = _selected_layout(q, k, v, block_ids, select_size)
+    num_blocks = padded // select_size
+    delta = jnp.sum(d_selected.astype(jnp.float32) * selected.astype(jnp.float32), axis=-1)
+    queries, d_out, delta = grouped(q), grouped(d_selected.astype(q.dtype)), grouped(delta)
+    scale, softmax_scale = _score_scale(cfg.softmax_scale(dim)), cfg.softmax_scale(dim)
+
+    def token(r):  # (b, t, h) of program r
+        bh = r // length
+        return bh // kv_heads, r % length, bh % kv_heads
+
+    group_spec = pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0))
+    row_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
+    kv_spec = pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))
+    dq = pl.pallas_call(
+        functools.partial(_selected_dq_kernel, length=length, select_size=select_size, scale=scale,
+                          softmax_scale=softmax_scale),
+        grid=(batch * kv_heads * length,),
+        in_specs=[pl.BlockSpec((None, None, None, ids.shape[-1]), lambda r: (*token(r), 0)), group_spec, kv_spec,
+                  kv_spec, group_spec, row_spec, row_spec],
         out_specs=group_spec,
         out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
         compiler_params=_compiler("selected"),
         interpret=interpret,
-    )(*operands)
-    return core.ungroup_queries(out[..., :groups, :])
+    )(ids, queries, k_pad, v_pad, d_out, lse, delta)
+
+    tokens, segments, first = _visit_segments(ids, num_blocks)
+    num_segments = segments.shape[2]
+
+    def head(r, per_head: int):  # (b, h) of program r over per_head programs per (b, h)
+        bh = r // per_head
+        return bh // kv_heads, bh % kv_heads
+
+    seq = lambda n: (lambda r: (head(r, n)[0], 0, head(r, n)[1]) + (0,) * 2)
+    seq_rows = lambda n: (lambda r: (head(r, n)[0], 0, head(r, n)[1], 0))
+    by_head = lambda n, extra: (lambda r: (*head(r, n), *(0,) * extra))
+    partial_shape = jax.ShapeDtypeStruct((batch, kv_heads, num_segments, select_size, dim), jnp.float32)
+    partial_spec = pl.BlockSpec((None, None, None, select_size, dim),
+                                lambda r: (*head(r, num_segments), r % num_segments, 0, 0))
+    dk_parts, dv_parts = pl.pallas_call(
+        functools.partial(_selected_dkv_kernel, num_segments=num_segments, select_size=select_size, scale=scale,
+                          softmax_scale=softmax_scale),
+        grid=(batch * kv_heads * num_segments,),
+        in_specs=[pl.BlockSpec((None, None, num_segments, 3), by_head(num_segments, 2)),
+                  pl.BlockSpec((None, None, tokens.shape[-1]), by_head(num_segments, 1)),
+                  pl.BlockSpec((None, length, None, rows, dim), seq(num_segments)),
+                  pl.BlockSpec((None, padded, None, dim), seq_rows(num_segments)),
+                  pl.BlockSpec((None, padded, None, dim), seq_rows(num_segments)),
+                  pl.BlockSpec((None, length, None, rows, dim), seq(num_segments)),
+                  pl.BlockSpec((None, length, None, rows), seq_rows(num_segments)),
+                  pl.BlockSpec((None, length, None, rows), seq_rows(num_segments))],
+        out_specs=[partial_spec, partial_spec],
+        out_shape=[partial_shape, partial_shape],
+        compiler_params=_compiler("selected_dkv"),
+        interpret=interpret,
+    )(segments, tokens, queries, k_pad, v_pad, d_out, lse, delta)
+
+    block_shape = jax.ShapeDtypeStruct((batch, kv_heads, num_blocks, select_size, dim), jnp.float32)
+    block_spec = pl.BlockSpec((None, None, None, select_size, dim),
+                              lambda r: (*head(r, num_blocks), r % num_blocks, 0, 0))
+    parts_spec = pl.BlockSpec((None, None, num_segments, select_size, dim), by_head(num_blocks, 3))
+    dk, dv = pl.pallas_call(
+        functools.partial(_sum_segments_kernel, num_blocks=num_blocks),
+        grid=(batch * kv_heads * num_blocks,),
+        in_specs=[pl.BlockSpec((None, None, num_blocks + 1), by_head(num_blocks, 1)), parts_spec, parts_spec],
+        out_specs=[block_spec, block_spec],
+        out_shape=[block_shape, block_shape],
+        interpret=interpret,
+    )(first, dk_parts, dv_parts)
+
+    def as_tokens(x, like):  # [B, Hkv, Ns, l', D] -> [B, T, Hkv, D] in like's dtype
+        return jnp.moveaxis(x.reshape(batch, kv_heads, padded, dim), 1, 2)[:, :length].astype(like.dtype)
+
+    return core.ungroup_queries(dq[..., :groups, :]), as_tokens(dk, k), as_tokens(dv, v)

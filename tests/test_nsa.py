@@ -360,6 +360,62 @@ def test_selected_kernel_mixes_the_branches(length):
     np.testing.assert_allclose(got, want, **F32_TOL)
 
 
+@pytest.mark.parametrize("segment_visits", [3, 1024])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_selected_kernel_gradients(monkeypatch, segment_visits, mixed):
+    """The selected branch's backward kernels (dq per token; dk, dv per key
+    block over the tokens that chose it, in segments: 3 visits splits every
+    block into several) against the plain branch's VJP, on ids with -1,
+    repeats and blocks past the end; and through the mixing kernel, the
+    gradients of every mixed input."""
+    from jax_topk import _nsa_dispatch, _nsa_pallas
+
+    monkeypatch.setattr(_nsa_pallas, "_SEGMENT_VISITS", segment_visits)
+    case = Case(KERNEL_CFG, 2, 70, 4, 2, 16)
+    q, k, v, gates, _ = make_inputs(case, seed=segment_visits)
+    rng = np.random.default_rng(segment_visits)
+    num_blocks = _nsa_core.num_selection_blocks(case.length, case.cfg.select_size)
+    ids = jnp.asarray(rng.integers(-1, num_blocks + 2, (2, case.length, 2, case.cfg.num_selected)), jnp.int32)
+    ids = ids.at[:, :, :, 1].set(ids[:, :, :, 0])  # every token picks a block twice (or -1 twice)
+    cotangent = jnp.asarray(rng.standard_normal(q.shape), q.dtype)
+    compressed, window = (jnp.asarray(rng.standard_normal(q.shape), q.dtype) for _ in range(2))
+    plain = lambda q, k, v: nsa.selected_attention(q, k, v, ids, dataclasses.replace(case.cfg, implementation="xla"))
+    if mixed:
+        got = jax.vjp(lambda q, k, v, c, w, g: _nsa_dispatch._selected_mixed_kernel(q, k, v, ids, c, w, g, case.cfg,
+                                                                                     True),
+                      q, k, v, compressed, window, gates)
+        want = jax.vjp(lambda q, k, v, c, w, g: _nsa_dispatch.mix_branches(c, plain(q, k, v), w, g, q.dtype),
+                       q, k, v, compressed, window, gates)
+    else:
+        got = jax.vjp(lambda q, k, v: _nsa_dispatch._selected_kernel(q, k, v, ids, case.cfg, True), q, k, v)
+        want = jax.vjp(plain, q, k, v)
+    np.testing.assert_allclose(got[0], want[0], **F32_TOL)
+    assert_trees_close(got[1](cotangent), want[1](cotangent), **F32_TOL)
+
+
+def test_visit_segments():
+    """The (token, block) visits by block, cut into segments of at most S visits,
+    against a count in numpy: every visit in exactly one segment of its block."""
+    from jax_topk import _nsa_pallas
+
+    rng = np.random.default_rng(0)
+    num_blocks, slots, size = 5, 4, _nsa_pallas._SEGMENT_VISITS
+    ids = rng.integers(-1, num_blocks, (2, 3 * size // 4, 3, slots)).astype(np.int32)
+    ids[0, :, 0, 0] = 0  # a block picked by every token: two segments
+    tokens, segments, first = _nsa_pallas._visit_segments(jnp.asarray(ids), num_blocks)
+    for b in range(2):
+        for h in range(3):
+            seen = []
+            for block in range(num_blocks):
+                for s in range(first[b, h, block], first[b, h, block + 1]):
+                    got_block, start, end = map(int, segments[b, h, s])
+                    assert got_block == block and 0 < end - start <= size
+                    seen += [(int(t), block) for t in tokens[b, h, start:end]]
+            want = sorted((t, block) for t in range(ids.shape[1]) for block in ids[b, t, h] if block >= 0)
+            assert sorted(seen) == want and len(seen) == len(want)
+            assert np.all(segments[b, h, first[b, h, -1]:] == np.array([-1, 0, 0]))
+
+
 # ----------------------------------------------------------------------------- the kernel path
 
 # Shapes the kernels take (powers of two: D, Hq/Hkv, l', l'/d), small enough for the interpreter.
