@@ -61,8 +61,9 @@ be powers of two), the plain-JAX tiled branches run. All compute the same
 function: they differ by the order of float sums and, in bfloat16, by the
 kernels rounding attention probabilities to bfloat16 before they meet the
 values. The kernels' block scores exist for 4096 queries at a time (memory stays
-O(T)). Gradients: cuDNN's backward passes for its branches, the plain branches'
-VJPs for the Pallas kernels. On every path the compressed keys and values are
+O(T)). Gradients: cuDNN's backward passes for its branches, backward kernels
+for the selected branch, the plain branch's VJP for the float32 compressed
+kernel. On every path the compressed keys and values are
 rounded to the input dtype before attention.
 
 Variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` takes packed
