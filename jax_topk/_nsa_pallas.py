@@ -1,6 +1,6 @@
 """Pallas (Triton) kernels for NSA's compressed and selected branches: forward passes.
 
-Three kernels, each one program per (query tile, KV head), each holding the
+Forward kernels, each one program per (query tile, KV head), each holding the
 GQA group's ``G = Hq / Hkv`` query heads together (the NSA paper's layout: the
 group shares its keys and its selection):
 
@@ -18,6 +18,10 @@ group shares its keys and its selection):
   walk the ``n`` selected ``[l', D]`` blocks with an online softmax; given the
   other two branches' outputs and the gates, it also mixes the three, so
   ``nsa_attention``'s output is written once.
+
+And the selected branch's backward (``selected_attention_bwd``): dq per
+(token, KV head) as the forward; dk and dv per key block over the tokens that
+chose it, in segments summed in order (deterministic, no atomics).
 
 Each equals its plain-JAX branch in ``_nsa_tiled`` up to the order of float
 sums and, for bfloat16, the rounding of the probabilities to bfloat16 before
@@ -43,6 +47,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from jax_topk import _nsa_core as core
 from jax_topk import _nsa_tiled as tiled
+from jax_topk._sort import argsort
 
 _MIN_DOT = 16          # Triton's dot needs every dimension >= 16
 _MAX_GROUP = 128       # query heads per KV head the kernels take
@@ -413,6 +418,19 @@ def _selected_layout(q, k, v, block_ids, select_size: int):
     return rows, padded, ids, _pad_tokens(k, padded), _pad_tokens(v, padded), grouped
 
 
+def _token_specs(length: int, kv_heads: int, rows: int, dim: int, padded: int, id_slots: int):
+    """Block specs of the per-token selected kernels (a program per (b, t, h),
+    KV head major, token minor): ``(ids, group [rows, D], row [rows], keys)``."""
+    def token(r):  # (b, t, h) of program r
+        bh = r // length
+        return bh // kv_heads, r % length, bh % kv_heads
+
+    return (pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)),
+            pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0)),
+            pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0)))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret", "residuals"))
 def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = False, residuals: bool = False):
     """``nsa.selected_attention`` by the kernel: q ``[B, T, Hq, D]``, k and v
@@ -434,15 +452,8 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     rows, padded, ids, k, v, grouped = _selected_layout(q, k, v, block_ids, cfg.select_size)
     queries = grouped(q)
 
-    def token(r):  # (b, t, h) of program r
-        bh = r // length
-        return bh // kv_heads, r % length, bh % kv_heads
-
-    group_spec = pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0))
-    row_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
-    kv_spec = pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))
-    in_specs = [pl.BlockSpec((None, None, None, ids.shape[-1]), lambda r: (*token(r), 0)), group_spec, kv_spec,
-                kv_spec]
+    ids_spec, group_spec, row_spec, kv_spec = _token_specs(length, kv_heads, rows, dim, padded, ids.shape[-1])
+    in_specs = [ids_spec, group_spec, kv_spec, kv_spec]
     operands = [ids, queries, k, v]
     kw = dict(length=length, select_size=cfg.select_size, scale=_score_scale(cfg.softmax_scale(dim)))
     kernel = functools.partial(_selected_kernel, **kw)
@@ -552,14 +563,12 @@ def _visit_segments(ids, num_blocks: int):
     visits last), each segment's (block, first visit, end visit) (-1, 0, 0
     past the last), and each block's first segment. S = T * slots /
     _SEGMENT_VISITS + Ns bounds the segments: memory stays O(T)."""
-    from jax_topk._sort import argsort  # the library's own stable sort (a cycle at import time otherwise)
-
     batch, length, kv_heads, slots = ids.shape
     visits = length * slots
     size = _SEGMENT_VISITS
     max_segments = -(-visits // size) + num_blocks
     keys = jnp.where(ids >= 0, ids, num_blocks).transpose(0, 2, 1, 3).reshape(batch, kv_heads, visits)
-    order = argsort(keys, axis=-1)
+    order = argsort(keys, axis=-1)  # the library's own stable sort
     tokens = (order // slots).astype(jnp.int32)
 
     def per_head(keys):
@@ -602,19 +611,12 @@ def selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, *, cfg
     queries, d_out, delta = grouped(q), grouped(d_selected.astype(q.dtype)), grouped(delta)
     scale, softmax_scale = _score_scale(cfg.softmax_scale(dim)), cfg.softmax_scale(dim)
 
-    def token(r):  # (b, t, h) of program r
-        bh = r // length
-        return bh // kv_heads, r % length, bh % kv_heads
-
-    group_spec = pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0))
-    row_spec = pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0))
-    kv_spec = pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0))
+    ids_spec, group_spec, row_spec, kv_spec = _token_specs(length, kv_heads, rows, dim, padded, ids.shape[-1])
     dq = pl.pallas_call(
         functools.partial(_selected_dq_kernel, length=length, select_size=select_size, scale=scale,
                           softmax_scale=softmax_scale),
         grid=(batch * kv_heads * length,),
-        in_specs=[pl.BlockSpec((None, None, None, ids.shape[-1]), lambda r: (*token(r), 0)), group_spec, kv_spec,
-                  kv_spec, group_spec, row_spec, row_spec],
+        in_specs=[ids_spec, group_spec, kv_spec, kv_spec, group_spec, row_spec, row_spec],
         out_specs=group_spec,
         out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
         compiler_params=_compiler("selected"),
@@ -624,44 +626,37 @@ def selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, *, cfg
     tokens, segments, first = _visit_segments(ids, num_blocks)
     num_segments = segments.shape[2]
 
-    def head(r, per_head: int):  # (b, h) of program r over per_head programs per (b, h)
-        bh = r // per_head
-        return bh // kv_heads, bh % kv_heads
+    def whole(x, per_head: int, axis: int):
+        """A (batch, KV head)'s whole slice of ``x``, its KV heads on ``axis``
+        (1: the tables ``[B, Hkv, ...]``, 2: the sequences ``[B, T, Hkv, ...]``),
+        for a grid of ``per_head`` programs per (batch, KV head)."""
+        block = tuple(None if i in (0, axis) else n for i, n in enumerate(x.shape))
+        return pl.BlockSpec(block, lambda r: tuple(
+            r // per_head // kv_heads if i == 0 else r // per_head % kv_heads if i == axis else 0
+            for i in range(x.ndim)))
 
-    seq = lambda n: (lambda r: (head(r, n)[0], 0, head(r, n)[1]) + (0,) * 2)
-    seq_rows = lambda n: (lambda r: (head(r, n)[0], 0, head(r, n)[1], 0))
-    by_head = lambda n, extra: (lambda r: (*head(r, n), *(0,) * extra))
-    partial_shape = jax.ShapeDtypeStruct((batch, kv_heads, num_segments, select_size, dim), jnp.float32)
-    partial_spec = pl.BlockSpec((None, None, None, select_size, dim),
-                                lambda r: (*head(r, num_segments), r % num_segments, 0, 0))
+    def one_block(per_head: int):  # block r % per_head of [B, Hkv, per_head, l', D]
+        return pl.BlockSpec((None, None, None, select_size, dim),
+                            lambda r: (r // per_head // kv_heads, r // per_head % kv_heads, r % per_head, 0, 0))
+
+    parts = jax.ShapeDtypeStruct((batch, kv_heads, num_segments, select_size, dim), jnp.float32)
+    tables, sequences = (segments, tokens), (queries, k_pad, v_pad, d_out, lse, delta)
     dk_parts, dv_parts = pl.pallas_call(
         functools.partial(_selected_dkv_kernel, num_segments=num_segments, select_size=select_size, scale=scale,
                           softmax_scale=softmax_scale),
         grid=(batch * kv_heads * num_segments,),
-        in_specs=[pl.BlockSpec((None, None, num_segments, 3), by_head(num_segments, 2)),
-                  pl.BlockSpec((None, None, tokens.shape[-1]), by_head(num_segments, 1)),
-                  pl.BlockSpec((None, length, None, rows, dim), seq(num_segments)),
-                  pl.BlockSpec((None, padded, None, dim), seq_rows(num_segments)),
-                  pl.BlockSpec((None, padded, None, dim), seq_rows(num_segments)),
-                  pl.BlockSpec((None, length, None, rows, dim), seq(num_segments)),
-                  pl.BlockSpec((None, length, None, rows), seq_rows(num_segments)),
-                  pl.BlockSpec((None, length, None, rows), seq_rows(num_segments))],
-        out_specs=[partial_spec, partial_spec],
-        out_shape=[partial_shape, partial_shape],
+        in_specs=[whole(x, num_segments, 1) for x in tables] + [whole(x, num_segments, 2) for x in sequences],
+        out_specs=[one_block(num_segments)] * 2,
+        out_shape=[parts] * 2,
         compiler_params=_compiler("selected_dkv"),
         interpret=interpret,
-    )(segments, tokens, queries, k_pad, v_pad, d_out, lse, delta)
-
-    block_shape = jax.ShapeDtypeStruct((batch, kv_heads, num_blocks, select_size, dim), jnp.float32)
-    block_spec = pl.BlockSpec((None, None, None, select_size, dim),
-                              lambda r: (*head(r, num_blocks), r % num_blocks, 0, 0))
-    parts_spec = pl.BlockSpec((None, None, num_segments, select_size, dim), by_head(num_blocks, 3))
+    )(*tables, *sequences)
     dk, dv = pl.pallas_call(
         functools.partial(_sum_segments_kernel, num_blocks=num_blocks),
         grid=(batch * kv_heads * num_blocks,),
-        in_specs=[pl.BlockSpec((None, None, num_blocks + 1), by_head(num_blocks, 1)), parts_spec, parts_spec],
-        out_specs=[block_spec, block_spec],
-        out_shape=[block_shape, block_shape],
+        in_specs=[whole(x, num_blocks, 1) for x in (first, dk_parts, dv_parts)],
+        out_specs=[one_block(num_blocks)] * 2,
+        out_shape=[jax.ShapeDtypeStruct((batch, kv_heads, num_blocks, select_size, dim), jnp.float32)] * 2,
         interpret=interpret,
     )(first, dk_parts, dv_parts)
 
