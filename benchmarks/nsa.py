@@ -1,7 +1,7 @@
 """The NSA issue's benchmark, side by side in one process.
 
     python benchmarks/nsa.py [--seqlens 8192,16384,32768,65536] [--heads 64] [--kv-heads 4]
-                             [--dim 128] [--no-backward] [--plain] [--branches | --tune]
+                             [--dim 128] [--no-backward] [--plain] [--branches | --tune [--kernels ...]]
                              [--out benchmarks/results]
 
 B=1 sequence of T tokens, bfloat16 q [1, T, Hq, D], k and v [1, T, Hkv, D],
@@ -112,11 +112,18 @@ def launch_sweep(t: int, args) -> list:
     cfg = nsa.NSAConfig()
     q, k, v, _, _ = inputs_for(t, args)
     k_cmp, v_cmp, lse, ids = kernel_inputs(q, k, v, cfg, interpret=False)
-    calls = {
+    _, selected, selected_lse = _nsa_pallas.selected_attention(q, k, v, ids, cfg=cfg, residuals=True)
+    backward = (lambda a: _nsa_pallas.selected_attention_bwd(*a, cfg=cfg),
+                (q, k, v, ids, selected, selected_lse, jnp.ones_like(selected)))
+    calls = {  # the backward's two launches are swept one at a time, each timing the whole backward
         "compressed": (lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg), (q, k_cmp, v_cmp)),
         "block_scores": (lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg), (q, k_cmp, lse)),
         "selected": (lambda a: _nsa_pallas.selected_attention(*a, cfg=cfg), (q, k, v, ids)),
+        "selected_dq": backward,
+        "selected_dkv": backward,
     }
+    if args.kernels:
+        calls = {name: calls[name] for name in args.kernels.split(",")}
     default_launch, default_rows = dict(_nsa_pallas.LAUNCH), _nsa_pallas._COMPRESSED_ROWS
     rows = []
     for kernel, (op, x) in calls.items():
@@ -228,6 +235,7 @@ def main(argv=None) -> int:
     parser.add_argument("--branches", action="store_true", help="time each NSA branch alone instead")
     parser.add_argument("--plain", action="store_true", help="also time the plain-JAX path (implementation='xla')")
     parser.add_argument("--tune", action="store_true", help="sweep the kernels' Triton launches instead (GPU)")
+    parser.add_argument("--kernels", default="", help="--tune only these (comma-separated _nsa_pallas.LAUNCH keys)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     seqlens = [int(s) for s in args.seqlens.split(",")]

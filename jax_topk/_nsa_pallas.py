@@ -57,7 +57,8 @@ _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
-LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_dkv": (8, 2)}
+LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_dq": (4, 3),
+          "selected_dkv": (4, 3)}
 
 
 def _pow2(n: int) -> bool:
@@ -619,7 +620,7 @@ def selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, *, cfg
         in_specs=[ids_spec, group_spec, kv_spec, kv_spec, group_spec, row_spec, row_spec],
         out_specs=group_spec,
         out_shape=jax.ShapeDtypeStruct(queries.shape, q.dtype),
-        compiler_params=_compiler("selected"),
+        compiler_params=_compiler("selected_dq"),
         interpret=interpret,
     )(ids, queries, k_pad, v_pad, d_out, lse, delta)
 
