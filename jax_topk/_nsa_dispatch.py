@@ -49,7 +49,7 @@ from jax_topk import _nsa_tiled as tiled
 class Plan:
     """How one call runs (static: part of the jit cache key)."""
 
-    kernels: bool = False       # Pallas kernels for the compressed and selected branches
+    kernels: bool = False       # Pallas kernels: block scores, selected branch, compressed (unless cuDNN's)
     interpret: bool = False     # ... run by Pallas's interpreter (implementation="pallas" off the GPU)
     cudnn_window: bool = False  # cuDNN's sliding-window attention for the window branch
     cudnn_compressed: bool = False  # cuDNN's flash attention for the compressed branch (with kernels)
@@ -74,7 +74,7 @@ def plan(cfg, q_shape: tuple[int, ...], q_dtype, kv_heads: int, fn: str) -> Plan
                 cudnn_compressed=cudnn_window and use_kernels and cudnn.available())
 
 
-# ----------------------------------------------------------------------------- kernels with plain VJPs
+# ----------------------------------------------------------------------------- kernels and their VJPs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
