@@ -362,7 +362,7 @@ def test_selected_kernel_mixes_the_branches(length):
 
 @pytest.mark.parametrize("segment_visits", [3, 1024])
 @pytest.mark.parametrize("mixed", [False, True])
-def test_selected_kernel_gradients(monkeypatch, segment_visits, mixed):
+def test_selected_kernel_gradients(monkeypatch, request, segment_visits, mixed):
     """The selected branch's backward kernels (dq per token; dk, dv per key
     block over the tokens that chose it, in segments: 3 visits splits every
     block into several) against the plain branch's VJP, on ids with -1,
@@ -371,6 +371,8 @@ def test_selected_kernel_gradients(monkeypatch, segment_visits, mixed):
     from jax_topk import _nsa_dispatch, _nsa_pallas
 
     monkeypatch.setattr(_nsa_pallas, "_SEGMENT_VISITS", segment_visits)
+    jax.clear_caches()  # the segment size is read when a call is traced
+    request.addfinalizer(jax.clear_caches)
     case = Case(KERNEL_CFG, 2, 70, 4, 2, 16)
     q, k, v, gates, _ = make_inputs(case, seed=segment_visits)
     rng = np.random.default_rng(segment_visits)
