@@ -350,20 +350,26 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
 # ----------------------------------------------------------------------------- selected attention
 
 
+def _selected_block(ids_ref, j, select_size: int, position):
+    """A token's j-th selected block: its first key, and ``[1, l']`` which of
+    its keys the token attends (an id of -1 none, and none after the token)."""
+    block = ids_ref[j]
+    start = jnp.maximum(block, 0) * select_size
+    allowed = (block >= 0) & (start + jnp.arange(select_size, dtype=jnp.int32) <= position)
+    return start, allowed[None, :]
+
+
 def _selected_rows(ids_ref, q_ref, k_ref, v_ref, *, length, select_size, scale):
     """The group's ``[rows, D]`` float32 outputs of one (token, KV head), and
     their log-sum-exp ``[rows]`` (base 2, of the base-2 scores; +inf for a row
     that sees no key): the backward pass's residual."""
     position = pl.program_id(0) % length  # programs run KV head major, token minor
     q = q_ref[...]  # [G, D]
-    offsets = jnp.arange(select_size, dtype=jnp.int32)
 
     def visit(j, carry):
-        block = ids_ref[j]
-        start = jnp.maximum(block, 0) * select_size
+        start, allowed = _selected_block(ids_ref, j, select_size, position)
         scores = _dot(q, k_ref[pl.ds(start, select_size), :].T, q.dtype) * scale
-        allowed = (block >= 0) & (start + offsets <= position)
-        scores = jnp.where(allowed[None, :], scores, -jnp.inf)
+        scores = jnp.where(allowed, scores, -jnp.inf)
         return _online_softmax_step(carry, scores, v_ref[pl.ds(start, select_size), :], q.dtype)
 
     m, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
@@ -483,7 +489,8 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     out = core.ungroup_queries(outs[0][..., :groups, :])
     if not residuals:
         return out
-    return out, core.ungroup_queries(outs[-2][..., :groups, :]), outs[-1]
+    selected = out if mix is None else core.ungroup_queries(outs[1][..., :groups, :])
+    return out, selected, outs[-1]
 
 
 # ----------------------------------------------------------------------------- selected attention, backward
@@ -505,13 +512,10 @@ def _selected_dq_kernel(ids_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
     """dq of one (token, KV head): the group's rows over the token's blocks."""
     position = pl.program_id(0) % length
     q, do, lse, delta = q_ref[...], do_ref[...], lse_ref[...], delta_ref[...]
-    offsets = jnp.arange(select_size, dtype=jnp.int32)
 
     def visit(j, dq):
-        block = ids_ref[j]
-        start = jnp.maximum(block, 0) * select_size
+        start, allowed = _selected_block(ids_ref, j, select_size, position)
         keys = k_ref[pl.ds(start, select_size), :]
-        allowed = ((block >= 0) & (start + offsets <= position))[None, :]
         _, ds = _visit_gradients(q, do, lse, delta, keys, v_ref[pl.ds(start, select_size), :], allowed, scale)
         return dq + _dot(ds.astype(q.dtype), keys, q.dtype)
 

@@ -63,8 +63,8 @@ kernels rounding attention probabilities to bfloat16 before they meet the
 values. The kernels' block scores exist for 4096 queries at a time (memory stays
 O(T)). Gradients: cuDNN's backward passes for its branches, backward kernels
 for the selected branch, the plain branch's VJP for the float32 compressed
-kernel. On every path the compressed keys and values are
-rounded to the input dtype before attention.
+kernel. On every path the compressed keys and values are rounded to the input
+dtype before attention.
 
 Variable-length batches: ``nsa_attention(..., cu_seqlens=...)`` takes packed
 sequences in a batch of one (``q`` ``[1, total, Hq, D]``) and int32
@@ -125,8 +125,8 @@ class NSAConfig:
       scale: softmax scale; None means ``1/sqrt(head_dim)``.
       query_tile: queries per tile of the O(T)-memory loops.
       implementation: ``"auto"`` (Pallas kernels and cuDNN's flash attention
-        on a CUDA GPU, where the shapes suit them; plain JAX elsewhere), ``"xla"`` (plain JAX
-        everywhere) or ``"pallas"`` (the kernels, in Pallas's interpreter off
+        on a CUDA GPU, where the shapes suit them; plain JAX elsewhere),
+        ``"xla"`` (plain JAX everywhere) or ``"pallas"`` (the kernels, in Pallas's interpreter off
         the GPU; an error when the shapes do not suit them). All give the same
         function; see "Implementations" in the module docstring.
 
