@@ -34,6 +34,9 @@
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
 #   tests_nsa  tests/test_nsa.py on the GPU alone
+#   nsa_kernel the CUDA block-score kernel alone against a float64 host reference
+#              (csrc/cuda/tests/nsa_block_scores_test.cu), plain and under compute-sanitizer
+#              memcheck, racecheck and synccheck
 #   tests_indexer  tests/test_indexer.py on the GPU alone (GPU == CPU, fused == unfused, batch invariance)
 #   bench_indexer  benchmarks/indexer.py alone
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
@@ -176,6 +179,12 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
           pytest -q -p no:warnings -p no:cacheprovider tests/test_indexer.py \
           -k "(against_cpu and bfloat16-64-128) or (fused_equals_unfused and random and (bfloat16-32-128 or float32))"
       done ;;
+    nsa_kernel)
+      step nsa_kernel_build 200 "${NVCC[@]}" csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu \
+        -o /tmp/nsa_block_scores_test && step nsa_kernel 120 /tmp/nsa_block_scores_test &&
+        for tool in memcheck racecheck synccheck; do
+          step "${tool}_nsa" 300 compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/nsa_block_scores_test
+        done ;;
     nsa)
       JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py
       step bench_nsa 500 python3 benchmarks/nsa.py --out "$OUT"

@@ -22,6 +22,7 @@
 #include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
 #include "ffi/common.h"
+#include "jax_topk/nsa.h"
 #include "jax_topk/sort_dispatch.h"
 #include "jax_topk/topk_dispatch.h"
 #endif
@@ -134,6 +135,14 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
       },
       "How the indexer runs q [batch, heads, dim] against keys [batch, n, dim] on the current GPU: its workspace, "
       "tensor cores or not, fused or not (the keys per fused block, its buffer's capacity), the fused kernel's largest k.");
+
+  m.def(
+      "nsa_block_scores_unsupported",
+      [](int64_t groups, int64_t dim, int64_t block_size, int64_t stride, int64_t select_size) {
+        const char* why = jax_topk::nsa_block_scores_unsupported(groups, dim, block_size, stride, select_size);
+        return std::string(why ? why : "");
+      },
+      "Why NSA's block-score kernel cannot take (G, D, l, d, l') (jax_topk/nsa.h), or '' when it can.");
 #endif
 
   m.def(

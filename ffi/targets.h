@@ -10,6 +10,7 @@
 #include "jax_topk/dtypes.h"
 #include "jax_topk/gpu_compat.h"  // JAX_TOPK_PLATFORM_GPU
 #include "jax_topk/indexer.h"
+#include "jax_topk/nsa.h"
 #include "jax_topk/routing.h"
 #include "jax_topk/sort_dispatch.h"
 
@@ -38,7 +39,8 @@ constexpr bool topk_dtype(DType d) { return any_dtype(d); }
   X(sort_lengths, "jax_topk_sort_lengths", JaxTopkSortLengths, 1, 1, sort_dtype) \
   X(route, "jax_topk_route", JaxTopkRoute, 1, 1, is_route_dtype) \
   X(route_softmax_partial, "jax_topk_route_softmax_partial", JaxTopkRouteSoftmaxPartial, 1, 1, is_route_dtype) \
-  X(indexer, "jax_topk_indexer", JaxTopkIndexer, 1, 1, is_indexer_dtype)
+  X(indexer, "jax_topk_indexer", JaxTopkIndexer, 1, 1, is_indexer_dtype) \
+  X(nsa_block_scores, "jax_topk_nsa_block_scores", JaxTopkNsaBlockScores, 0, 1, nsa_score_dtype)
 
 // JAX_TOPK_ON_THIS_PLATFORM(cpu_flag, gpu_flag, code...) keeps `code` only
 // when the module being compiled has the handler.

@@ -14,8 +14,9 @@ On a CUDA GPU with bfloat16 or float16 inputs (``"auto"`` or ``"pallas"``),
 cuDNN's flash attention (``_nsa_cudnn``) runs the window branch (18x the
 plain-JAX window on an H200) and, on the kernel path, the compressed branch
 with its log-sum-exp (as causal attention per residue class of the queries;
-about twice the Pallas kernel's FLOP rate, with cuDNN's backward pass):
-``benchmarks/results/NOTES.md``.
+about twice the Pallas kernel's FLOP rate, with cuDNN's backward pass), and
+the selection scores come from the CUDA block-score kernel (``_nsa_native``)
+where it takes the shapes: ``benchmarks/results/NOTES.md``.
 
 On the kernel path the selected-attention kernel also mixes the three
 branches by their gates in its epilogue (``_nsa_core.gated_sum``), so the
@@ -41,6 +42,7 @@ from jax import lax
 from jax_topk import _info
 from jax_topk import _nsa_core as core
 from jax_topk import _nsa_cudnn as cudnn
+from jax_topk import _nsa_native as native
 from jax_topk import _nsa_pallas as kernels
 from jax_topk import _nsa_tiled as tiled
 
@@ -53,6 +55,7 @@ class Plan:
     interpret: bool = False     # ... run by Pallas's interpreter (implementation="pallas" off the GPU)
     cudnn_window: bool = False  # cuDNN's sliding-window attention for the window branch
     cudnn_compressed: bool = False  # cuDNN's flash attention for the compressed branch (with kernels)
+    native_scores: bool = False  # the CUDA block-score kernel (_nsa_native) for the selection (with kernels)
 
 
 def _on_cuda() -> bool:
@@ -70,8 +73,10 @@ def plan(cfg, q_shape: tuple[int, ...], q_dtype, kv_heads: int, fn: str) -> Plan
                          f"{kv_heads} KV heads): {reason}; use implementation='auto' or 'xla'")
     use_kernels = reason is None and (on_gpu or cfg.implementation == "pallas")
     cudnn_window = on_gpu and cudnn.supports(q_dtype, q_shape[-1])
+    native_scores = (use_kernels and on_gpu
+                     and native.unsupported(cfg, q_dtype, q_shape[2] // kv_heads, q_shape[-1]) is None)
     return Plan(kernels=use_kernels, interpret=use_kernels and not on_gpu, cudnn_window=cudnn_window,
-                cudnn_compressed=cudnn_window and use_kernels and cudnn.available())
+                cudnn_compressed=cudnn_window and use_kernels and cudnn.available(), native_scores=native_scores)
 
 
 # ----------------------------------------------------------------------------- kernels and their VJPs
@@ -194,7 +199,7 @@ def _compressed_and_selection(q, k_cmp, v_cmp, cfg, how: Plan):
     else:
         out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
     block_ids = kernels.selection_ids(*map(lax.stop_gradient, (q, k_cmp.astype(q.dtype), lse)), cfg=cfg,
-                                      interpret=how.interpret)
+                                      interpret=how.interpret, native=how.native_scores)
     return out, block_ids
 
 

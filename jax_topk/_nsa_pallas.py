@@ -46,6 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from jax_topk import _nsa_core as core
+from jax_topk import _nsa_native as native_scores
 from jax_topk import _nsa_tiled as tiled
 from jax_topk._sort import argsort
 
@@ -317,8 +318,8 @@ def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, i
     )(jnp.reshape(start, (1,)).astype(jnp.int32), queries, k_cmp, lse, own, spill)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
-def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret", "native"))
+def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool = False):
     """Selected block ids ``[B, T, Hkv, n]`` from the block-score kernel.
 
     ``lse`` is ``compressed_attention``'s. Queries run in chunks of
@@ -326,19 +327,26 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False):
     ``[B, Hkv, chunk, Ns']`` are made, ranked by ``_nsa_tiled.select``
     (through ``jax_topk.top_k``) and dropped, so no ``[T, Ns]`` array exists.
     ``Ns'`` pads Ns to whole steps; ``select`` ranks blocks after the query
-    -inf, the padding included.
+    -inf, the padding included. ``native``: the scores by the CUDA kernel of
+    ``_nsa_native`` (where ``_nsa_native.unsupported`` is None) instead of
+    the Pallas one.
     """
     batch, length, q_heads, dim = q.shape
     kv_heads = k_cmp.shape[2]
     padded = lse.shape[1]
     chunk = min(_SELECTION_CHUNK, padded)
-    keys_per_step, _, steps = _block_layout(cfg, padded)
+    keys_per_step, blocks_per_step, steps = _block_layout(cfg, padded)
     queries = _pad_tokens(core.group_queries(q, kv_heads), padded)
-    k_padded = _pad_tokens(k_cmp, steps * keys_per_step)
+    k_padded = k_cmp if native else _pad_tokens(k_cmp, steps * keys_per_step)
 
     def one_chunk(start):
-        scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
-                                     num_blocks=k_cmp.shape[1], interpret=interpret)
+        if native:
+            scores = native_scores.block_scores(start, queries, k_padded, lse, cfg=cfg, num_blocks=k_cmp.shape[1],
+                                                chunk=chunk, width=steps * blocks_per_step,
+                                                scale=_score_scale(cfg.softmax_scale(dim)))
+        else:
+            scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
+                                         num_blocks=k_cmp.shape[1], interpret=interpret)
         positions = start + jnp.arange(chunk, dtype=jnp.int32)
         return tiled.select(scores, positions[None, None, :], cfg)  # [B, Hkv, chunk, n]
 

@@ -152,6 +152,17 @@ def indexer_plan(platform: str, dtype, batch: int, heads: int, n: int, dim: int,
     return dict(plan, fusion=value)
 
 
+def nsa_block_scores_unsupported(platform: str, groups: int, dim: int, block_size: int, stride: int,
+                                 select_size: int) -> str | None:
+    """Why the platform's NSA block-score kernel cannot take these sizes
+    (``jax_topk/nsa.h``), or None when it can (a reason too when the
+    platform's module has no such kernel)."""
+    module = _loaded.get(platform)
+    if module is None or "nsa_block_scores" not in module.targets:
+        return f"no {platform} module with the NSA block-score kernel"
+    return module.module.nsa_block_scores_unsupported(groups, dim, block_size, stride, select_size) or None
+
+
 def build_info(platform: str) -> dict:
     """The platform module's build_info() (empty when it is not loaded)."""
     module = _loaded.get(platform)

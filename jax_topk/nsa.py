@@ -51,8 +51,11 @@ scores, ``tile * n * l'`` gathered keys, ``tile * (tile + w)`` window scores),
 and tiles are rematerialised under ``jax.grad``. No ``[T, T]`` array exists.
 
 Implementations (``NSAConfig.implementation``, decided in ``_nsa_dispatch``):
-on a CUDA GPU the block scores and the selected branch are Pallas (Triton)
-kernels (``_nsa_pallas``); the compressed branch is cuDNN's flash attention
+on a CUDA GPU the selected branch is a Pallas (Triton) kernel
+(``_nsa_pallas``), and so are the block scores in float32, which in bfloat16
+and float16 come from a CUDA tensor-core kernel (``_nsa_native``, for GQA
+groups of at most 16 and head dims 64 and 128; else Pallas); the compressed
+branch is cuDNN's flash attention
 (bfloat16 and float16: causal attention per residue class of the queries,
 ``_nsa_cudnn``) or a Pallas kernel (float32), and the window branch is cuDNN's
 sliding-window flash attention (bfloat16 and float16); elsewhere, and for

@@ -4,6 +4,7 @@ properties (dense limits, causality, packing), transforms, memory and errors."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import doctest
 
 import jax
@@ -535,7 +536,7 @@ def test_gpu_kernels_match_plain_branches(dtype, length):
                        _nsa_tiled.selected_attention(q, k, v, plain_ids, cfg=cfg), **tol)
     how = _nsa_dispatch.plan(cfg, q.shape, q.dtype, 2, "test")
     assert how.kernels and not how.interpret and how.cudnn_window == (dt != jnp.float32)
-    assert how.cudnn_compressed == (dt != jnp.float32)
+    assert how.cudnn_compressed == (dt != jnp.float32) and how.native_scores == (dt != jnp.float32)
     assert_trees_close(nsa.sliding_window_attention(q, k, v, cfg),
                        nsa.sliding_window_attention(q, k, v, dataclasses.replace(cfg, implementation="xla")), **tol)
 
@@ -565,6 +566,69 @@ def test_gpu_cudnn_compressed_matches_the_kernel(length):
         ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
         got_ids = _nsa_pallas.selection_ids(q, k_cmp, got_lse, cfg=cfg)
         assert float(jnp.mean(jnp.all(got_ids == ids, axis=-1))) > 0.999
+
+
+def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
+    """One chunk's selection scores ``[B, Hkv, chunk, Ns']`` from the CUDA
+    kernel and from the Pallas kernel, on the same inputs."""
+    from jax_topk import _nsa_core, _nsa_native, _nsa_pallas
+
+    padded, kv_heads, dim = lse.shape[1], k_cmp.shape[2], q.shape[3]
+    keys_per_step, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, padded)
+    queries = _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, kv_heads), padded)
+    start = jnp.int32(start)
+    native = _nsa_native.block_scores(start, queries, k_cmp, lse, cfg=cfg, num_blocks=k_cmp.shape[1], chunk=chunk,
+                                      width=steps * blocks_per_step,
+                                      scale=_nsa_pallas._score_scale(cfg.softmax_scale(dim)))
+    pallas = _nsa_pallas._block_scores_chunk(start, queries, _nsa_pallas._pad_tokens(k_cmp, steps * keys_per_step),
+                                             lse, cfg=cfg, chunk=chunk, num_blocks=k_cmp.shape[1], interpret=False)
+    return np.asarray(native), np.asarray(pallas)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype,dim,q_heads", [("bfloat16", 128, 32), ("float16", 64, 8), ("bfloat16", 64, 2)])
+@pytest.mark.parametrize("sizes", [(32, 16, 64), (16, 16, 64), (64, 16, 64), (32, 8, 64), (24, 8, 64)])
+def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, sizes):
+    """The CUDA block-score kernel (tensor cores, a warp per two queries)
+    against the Pallas kernel on the same inputs: every chunk's scores for the
+    real queries (groups of 16, 4 and 1 heads: two head tiles and one;
+    selection blocks reaching 0 to 3 compression blocks into the step before;
+    16 and 8 selection blocks per step), and the blocks selected from either."""
+    from jax_topk import _nsa_native, _nsa_pallas
+
+    block_size, stride, select_size = sizes
+    cfg = nsa.NSAConfig(block_size=block_size, stride=stride, select_size=select_size, num_selected=8)
+    length = 4500  # two chunks of queries, the second partly past T
+    q, k, v, _, _ = make_inputs(Case(cfg, 2, length, q_heads, 2, dim), dtype=jnp.dtype(dtype), seed=sum(sizes))
+    assert _nsa_native.unsupported(cfg, q.dtype, q_heads // 2, dim) is None
+    k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
+    _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
+    chunk = _nsa_pallas._SELECTION_CHUNK
+    for start in range(0, lse.shape[1], chunk):
+        native, pallas = _native_and_pallas_scores(cfg, q, k_cmp, lse, start, chunk)
+        real = min(chunk, length - start)
+        np.testing.assert_allclose(native[:, :, :real], pallas[:, :, :real], rtol=1e-4, atol=1e-6)
+    ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
+    got = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, native=True)
+    assert float(jnp.mean(jnp.all(got == ids, axis=-1))) > 0.999
+
+
+@gpu_only
+def test_gpu_native_block_scores_under_vmap():
+    """vmap of the CUDA selection over a leading axis: one call over the
+    mapped items (the FFI call's broadcast_all), equal to item by item."""
+    from jax_topk import _nsa_pallas
+
+    cfg = nsa.NSAConfig()
+    q, k, v, _, _ = make_inputs(Case(cfg, 3, 700, 16, 1, 128), dtype=jnp.bfloat16, seed=9)
+    k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
+    _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
+    one = functools.partial(_nsa_pallas.selection_ids, cfg=cfg, native=True)
+    mapped = jax.jit(jax.vmap(lambda *a: one(*(x[None] for x in a))[0]))
+    got = mapped(q, k_cmp, lse)
+    want = jnp.concatenate([one(q[i:i + 1], k_cmp[i:i + 1], lse[i:i + 1]) for i in range(3)])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert mapped.lower(q, k_cmp, lse).as_text().count("jax_topk_nsa_block_scores") == 1
 
 
 @gpu_only

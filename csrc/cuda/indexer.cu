@@ -41,6 +41,7 @@
 
 #include "cuda/device_info.h"
 #include "cuda/indexer_cuda.h"
+#include "cuda/mma.cuh"
 #include "cuda/scratch.h"
 #include "cuda/topk_cuda.h"
 #include "cuda/topk_threshold.cuh"
@@ -224,39 +225,6 @@ size_t mma_smem_bytes(int64_t heads, int64_t dim) {
          size_t(heads / kMmaHeadTile * kMmaStepKeys + heads) * 4;
 }
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i..8i+7
-// give the row addresses of matrix i; register i holds matrix i's fragment.
-__device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-
-// d += a (16x16, row-major) * b (16x8, column-major), bfloat16 in, float32 out.
-__device__ __forceinline__ void mma_bf16_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// 16 bytes global -> shared without registers; zeros when !valid (no read).
-__device__ __forceinline__ void copy_async_16(uint32_t shared, const void* global, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // The MMA kernels' body, for either epilogue.
 template <int kDim, typename Out>
 __device__ JAX_TOPK_FORCE_INLINE void mma_scores(const uint16_t* __restrict__ q, const uint16_t* __restrict__ keys,
@@ -336,8 +304,8 @@ __device__ JAX_TOPK_FORCE_INLINE void mma_scores(const uint16_t* __restrict__ q,
       for (int pair = 0; pair < kPartKeys / 16; ++pair) {
         uint32_t bm[4];
         load_matrices_x4(bm, shared_address(b_row + pair * 16 * kStride + ks * 16));
-        mma_bf16_m16n8k16(acc[2 * pair], a[ks], bm[0], bm[1]);
-        mma_bf16_m16n8k16(acc[2 * pair + 1], a[ks], bm[2], bm[3]);
+        mma_m16n8k16(acc[2 * pair], a[ks], bm[0], bm[1]);
+        mma_m16n8k16(acc[2 * pair + 1], a[ks], bm[2], bm[3]);
       }
     }
     // The warp's 16 heads of each key, in the fixed order above.

@@ -1,0 +1,286 @@
+// NSA's selection scores (jax_topk/nsa.h) on tensor cores.
+//
+// A block of 8 warps takes 16 consecutive queries of one (item, KV head),
+// and all warps share the compressed keys, 64 per step, double-buffered in
+// shared memory by cp.async. Each warp holds two queries' G <= 16 heads as
+// mma.sync B fragments (one or two tiles of 8 heads; heads past G zero) for
+// the whole kernel and forms keys x heads products, 16 keys at a time (A from
+// shared memory by ldmatrix; m16n8k16, float32 accumulators): a lane then
+// holds two keys (rows g, g + 8) of two heads (columns 2c, 2c + 1) per tile,
+// turns them into probabilities exp2(s * dot - lse) (zero for keys the query
+// does not see), adds its heads, and the 4 lanes of a key add theirs (lane
+// bits 1, 2). The 64 per-key sums of a step go to shared memory behind the
+// last l/d - 1 of the step before (a selection block takes compression
+// blocks that start before it); then one lane per (query, selection block)
+// adds its compression blocks times their overlap and writes the score. Warps
+// synchronise with each other only for the keys.
+//
+// Why not the Pallas kernel: Triton gave it 215 registers for its [256 rows,
+// 64 keys] float32 scores, two programs per SM and the group sum as a
+// layout change; here a warp's accumulators are 16 floats and an SM runs 16
+// warps (benchmarks/results/NOTES.md, twenty-fifth session).
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/mma.cuh"
+#include "cuda/nsa_cuda.h"
+#include "cuda/primitives.cuh"
+
+namespace jax_topk::cuda {
+namespace {
+
+#if defined(JAX_TOPK_HAS_MMA)
+constexpr int kWarps = 8;
+constexpr int kQueriesPerWarp = 2;  // share each ldmatrix of the keys
+constexpr int kQueriesPerBlock = kWarps * kQueriesPerWarp;
+constexpr int kStepKeys = int(kNsaStepKeys);
+constexpr int kHalo = int(kNsaMaxHalo);
+constexpr int kProbRow = kHalo + kStepKeys;  // a query's per-key sums: the halo, then the step's keys
+// Shared rows of keys padded by 16 bytes, so the 8 rows an ldmatrix reads
+// start in 8 different bank quads.
+constexpr int kRowPad = 8;
+static_assert(kQueriesPerWarp * kHalo == 32, "one lane per halo slot of the warp's queries");
+
+template <int kDim>
+constexpr size_t block_score_smem_bytes() {
+  return size_t(2 * kStepKeys * (kDim + kRowPad)) * 2 + size_t(kQueriesPerBlock * kProbRow) * sizeof(float);
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx, as Triton's exp2 (-inf -> 0)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two consecutive 16-bit elements as one A-fragment register (0 off the group).
+__device__ __forceinline__ uint32_t load_pair(const uint16_t* p, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
+}
+
+template <typename T, int kDim, int kHeadTiles>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    nsa_block_scores_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k_cmp,
+                            const float* __restrict__ lse, const int32_t* __restrict__ start_at, float* __restrict__ out,
+                            NsaScoreShape s) {
+  constexpr int kStride = kDim + kRowPad;  // elements per shared row
+  constexpr int kVecs = kDim / 8;          // 16-byte vectors per row
+  constexpr int kSteps = kDim / 16;        // MMA k-steps over dim
+  extern __shared__ uint4 nsa_smem[];
+  uint16_t* keys_s = reinterpret_cast<uint16_t*>(nsa_smem);
+  float* probs_s = reinterpret_cast<float*>(keys_s + 2 * kStepKeys * kStride);
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int g = lane >> 2, c = lane & 3;  // accumulator rows (keys) g, g + 8; columns (heads) 2c, 2c + 1
+  const int64_t b = blockIdx.z, h = blockIdx.y, heads = s.kv_heads, groups = s.groups;
+  const int64_t start = __ldg(start_at);
+  const int64_t row0 = int64_t(blockIdx.x) * kQueriesPerBlock;
+  // The config as int (nsa_block_scores checks that it fits), in units of d.
+  const int per_block = int(s.block_size / s.stride), per_select = int(s.select_size / s.stride);
+  const int width = int(s.width);
+  const int blocks_per_step = kStepKeys / per_select;
+  const int halo = per_block - 1;
+  const auto seen_keys = [&](int64_t t) -> int {  // compressed blocks i with i*d + l - 1 <= t
+    if (t >= s.q_rows || t + 1 < s.block_size) return 0;
+    return int(min((t + 1 - s.block_size) / s.stride + 1, s.num_blocks));
+  };
+  // Steps with a key some query of the block sees (its last query sees most).
+  const int steps_seen = (seen_keys(min(start + row0 + kQueriesPerBlock, s.q_rows) - 1) + kStepKeys - 1) / kStepKeys;
+  const int steps_out = (width + blocks_per_step - 1) / blocks_per_step;
+
+  const uint16_t* keys_bh = k_cmp + (b * s.key_rows * heads + h) * kDim;  // key i at + i * heads * kDim
+  auto load_step = [&](int step) {  // the step's 64 keys (zeros past key_rows) into buffer step % 2
+    const int64_t first = int64_t(step) * kStepKeys;
+    uint16_t* dst = keys_s + (step & 1) * kStepKeys * kStride;
+    for (int i = int(threadIdx.x); i < kStepKeys * kVecs; i += kWarps * 32) {
+      const int key = i / kVecs, vec = i % kVecs;
+      const bool valid = first + key < s.key_rows;
+      copy_async_16(shared_address(dst + key * kStride + vec * 8),
+                    keys_bh + (valid ? first + key : 0) * heads * kDim + vec * 8, valid);
+    }
+    copy_async_commit();
+  };
+  if (steps_seen > 0) load_step(0);
+
+  // The warp's queries as B fragments of keys x heads products (column n =
+  // head 8 * tile + g: register 0 its dims 2c, 2c + 1 of the k-step, register
+  // 1 dims 2c + 8, 2c + 9; heads past G zero), the lse of this lane's
+  // accumulator columns (heads 8 * tile + 2c, + 1; +inf past G), the keys seen.
+  uint32_t qb[kQueriesPerWarp][kHeadTiles][kSteps][2];
+  float lse_of[kQueriesPerWarp][kHeadTiles][2];
+  int seen[kQueriesPerWarp];
+#pragma unroll
+  for (int i = 0; i < kQueriesPerWarp; ++i) {
+    const int64_t t = start + row0 + warp * kQueriesPerWarp + i;
+    const bool query = t < s.q_rows;
+    const int64_t at = ((b * s.q_rows + (query ? t : 0)) * heads + h) * groups;
+#pragma unroll
+    for (int tile = 0; tile < kHeadTiles; ++tile) {
+      const int head = 8 * tile + g;
+      const bool valid = query && head < groups;
+      const uint16_t* row = q + (at + (valid ? head : 0)) * kDim + 2 * c;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        qb[i][tile][ks][0] = load_pair(row + ks * 16, valid);
+        qb[i][tile][ks][1] = load_pair(row + ks * 16 + 8, valid);
+      }
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int column = 8 * tile + 2 * c + e;
+        lse_of[i][tile][e] = query && column < groups ? __ldg(lse + at + column) : INFINITY;
+      }
+    }
+    seen[i] = seen_keys(t);
+  }
+
+  float* probs = probs_s + warp * kQueriesPerWarp * kProbRow;  // the warp's queries' rows
+  probs[(lane / kHalo) * kProbRow + lane % kHalo] = 0.0f;       // no keys before the first
+  // Pooling: lane (i, j) scores the warp's query i = lane / 16 in selection
+  // blocks j, j + 16, ... of each step.
+  const int pool_query = lane / 16;
+  const int64_t pool_row = row0 + warp * kQueriesPerWarp + pool_query;  // the output row (chunk-local)
+  float* out_row = out + ((b * heads + h) * s.chunk + pool_row) * s.width;
+  const float* pool_probs = probs + pool_query * kProbRow + kHalo;
+
+  for (int step = 0; step < steps_out; ++step) {
+    if (step > steps_seen) {  // nothing seen here nor in the step before: zeros
+      for (int j = lane % 16; j < blocks_per_step; j += 16) {
+        const int block = step * blocks_per_step + j;
+        if (block < width) out_row[block] = 0.0f;
+      }
+      continue;
+    }
+    if (step < steps_seen) {  // uniform in the block
+      copy_async_wait<0>();
+      __syncthreads();  // the step's keys are in; every warp is done with the other buffer
+      if (step + 1 < steps_seen) load_step(step + 1);
+      const uint16_t* keys_read = keys_s + (step & 1) * kStepKeys * kStride;
+      // A matrices of 16 keys: keys 0-7 / 8-15 by lane bit 3, dims 0-7 / 8-15 by lane bit 4.
+      const uint16_t* a_row = keys_read + (((lane >> 3) & 1) * 8 + (lane & 7)) * kStride + (lane >> 4) * 8;
+      const int first = step * kStepKeys;
+#pragma unroll
+      for (int part = 0; part < kStepKeys / 16; ++part) {
+        float acc[kQueriesPerWarp][kHeadTiles][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < kSteps; ++ks) {
+          uint32_t ka[4];
+          load_matrices_x4(ka, shared_address(a_row + part * 16 * kStride + ks * 16));
+#pragma unroll
+          for (int i = 0; i < kQueriesPerWarp; ++i) {
+#pragma unroll
+            for (int tile = 0; tile < kHeadTiles; ++tile) {
+              mma_m16n8k16<T>(acc[i][tile], ka, qb[i][tile][ks][0], qb[i][tile][ks][1]);
+            }
+          }
+        }
+        // Keys g and g + 8 of the part: this lane's heads' probabilities
+        // (branch-free, so the exponentials of all four sums issue together),
+        // then the group's sum over the 4 lanes of the key (lane bits 1, 2).
+        float p[kQueriesPerWarp][2];
+#pragma unroll
+        for (int i = 0; i < kQueriesPerWarp; ++i) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int tile = 0; tile < kHeadTiles; ++tile) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                sum += exp2_approx(__fmaf_rn(acc[i][tile][2 * half + e], s.scale, -lse_of[i][tile][e]));
+              }
+            }
+            p[i][half] = first + part * 16 + half * 8 + g < seen[i] ? sum : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int bit = 1; bit <= 2; bit *= 2) {
+#pragma unroll
+          for (int i = 0; i < kQueriesPerWarp; ++i) {
+            p[i][0] += warp_shfl_xor(p[i][0], bit);
+            p[i][1] += warp_shfl_xor(p[i][1], bit);
+          }
+        }
+        if (c == 0) {
+#pragma unroll
+          for (int i = 0; i < kQueriesPerWarp; ++i) {
+            probs[i * kProbRow + kHalo + part * 16 + g] = p[i][0];
+            probs[i * kProbRow + kHalo + part * 16 + 8 + g] = p[i][1];
+          }
+        }
+      }
+    } else {  // step == steps_seen: no key seen, but the halo of the step before
+      for (int i = lane; i < kQueriesPerWarp * kStepKeys; i += 32) {
+        probs[(i / kStepKeys) * kProbRow + kHalo + i % kStepKeys] = 0.0f;
+      }
+    }
+    __syncwarp();
+    // Selection block j of the step covers units [j*l'/d, (j+1)*l'/d) of d
+    // tokens from the step's first; compression block i covers [i, i + l/d):
+    // blocks from j*l'/d - l/d + 1 (the halo when negative), weighted by the
+    // units they share.
+    for (int j = lane % 16; j < blocks_per_step; j += 16) {
+      const int block = step * blocks_per_step + j;
+      if (block >= width) break;
+      const int from = j * per_select, to = from + per_select;
+      float score = 0.0f;
+      for (int i = from - halo; i < to; ++i) {
+        score = __fadd_rn(score, __fmul_rn(float(min(i + per_block, to) - max(i, from)), pool_probs[i]));
+      }
+      out_row[block] = score;
+    }
+    __syncwarp();
+    // The step's last l/d - 1 sums become the next step's halo.
+    const int halo_query = lane / kHalo, m = lane % kHalo;
+    float carried = 0.0f;
+    if (m < halo) carried = probs[halo_query * kProbRow + kHalo + kStepKeys - halo + m];
+    __syncwarp();
+    if (m < halo) probs[halo_query * kProbRow + kHalo - halo + m] = carried;
+    __syncwarp();
+  }
+}
+
+template <typename T, int kDim>
+gpuError_t launch_block_scores(const void* q, const void* k_cmp, const float* lse, const int32_t* start,
+                               const NsaScoreShape& s, float* out, gpuStream_t stream) {
+  // One tile of 8 heads when the group fits it: half the products.
+  auto* kernel = s.groups <= 8 ? nsa_block_scores_kernel<T, kDim, 1> : nsa_block_scores_kernel<T, kDim, 2>;
+  constexpr size_t smem = block_score_smem_bytes<kDim>();
+  gpuError_t err = gpu_set_max_dynamic_smem(kernel, int(smem));
+  if (err != gpuSuccess) return err;
+  const dim3 grid(unsigned(s.chunk / kQueriesPerBlock), unsigned(s.kv_heads), unsigned(s.batch));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k_cmp),
+                                               lse, start, out, s);
+  return gpuGetLastError();
+}
+
+template <typename T>
+gpuError_t launch_for_dim(const void* q, const void* k_cmp, const float* lse, const int32_t* start,
+                          const NsaScoreShape& s, float* out, gpuStream_t stream) {
+  switch (s.dim) {
+    case 64: return launch_block_scores<T, 64>(q, k_cmp, lse, start, s, out, stream);
+    case 128: return launch_block_scores<T, 128>(q, k_cmp, lse, start, s, out, stream);
+    default: return gpuErrorInvalidValue;  // nsa_block_scores_unsupported admits no other
+  }
+}
+#endif  // JAX_TOPK_HAS_MMA
+
+}  // namespace
+
+gpuError_t nsa_block_scores(DType dtype, const void* q, const void* k_cmp, const float* lse, const int32_t* start,
+                            const NsaScoreShape& shape, float* out, gpuStream_t stream) {
+  if (!nsa_score_dtype(dtype) || shape.chunk % 16 != 0 || shape.width >= (int64_t(1) << 30) ||
+      shape.num_blocks >= (int64_t(1) << 30) || shape.select_size * kNsaStepKeys >= (int64_t(1) << 30) ||
+      nsa_block_scores_unsupported(shape.groups, shape.dim, shape.block_size, shape.stride, shape.select_size)) {
+    return gpuErrorInvalidValue;
+  }
+  if (shape.batch == 0 || shape.kv_heads == 0 || shape.chunk == 0 || shape.width == 0) return gpuSuccess;
+#if defined(JAX_TOPK_HAS_MMA)
+  if (dtype == DType::float16) return launch_for_dim<MmaF16>(q, k_cmp, lse, start, shape, out, stream);
+  return launch_for_dim<MmaBf16>(q, k_cmp, lse, start, shape, out, stream);
+#else
+  (void)q, (void)k_cmp, (void)lse, (void)start, (void)out, (void)stream;
+  return gpuErrorInvalidValue;
+#endif
+}
+
+}  // namespace jax_topk::cuda

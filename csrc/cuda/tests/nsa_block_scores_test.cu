@@ -1,0 +1,149 @@
+// Standalone check of NSA's block-score kernel (csrc/cuda/nsa.cu) against a
+// float64 host reference of jax_topk/nsa.h's formula, without JAX, so that
+// compute-sanitizer (memcheck, racecheck, synccheck) sees only this kernel:
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
+//     csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu -o /tmp/nsa_block_scores_test
+//   compute-sanitizer --tool memcheck /tmp/nsa_block_scores_test
+// Cases: one and two head tiles (G = 1, 4, 16), D = 64 and 128, bfloat16 and
+// float16, halos of 0 to 3 compression blocks, 16 and 8 selection blocks per
+// step, chunks that start past 0 and end past T, k_cmp with padding rows.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <cuda_fp16.h>
+
+#include "cuda/nsa_cuda.h"
+
+using jax_topk::DType;
+using jax_topk::NsaScoreShape;
+
+namespace {
+
+uint16_t to_bits(float x, DType d, float* rounded) {
+  uint16_t bits;
+  if (d == DType::float16) {
+    const __half h = __float2half_rn(x);
+    memcpy(&bits, &h, 2);
+    *rounded = __half2float(h);
+  } else {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
+    bits = uint16_t(u >> 16);
+    const uint32_t back = uint32_t(bits) << 16;
+    memcpy(rounded, &back, 4);
+  }
+  return bits;
+}
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    const cudaError_t e = (call);                                                     \
+    if (e != cudaSuccess) {                                                           \
+      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
+      return false;                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// One call: returns whether every score is within tolerance of the reference.
+bool run_case(DType dtype, int64_t batch, int64_t q_rows, int64_t length, int64_t heads, int64_t groups, int64_t dim,
+              int64_t l, int64_t d, int64_t lp, int64_t start, int64_t chunk, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  const int64_t num_blocks = length < l ? 0 : (length - l) / d + 1;
+  const int64_t key_rows = num_blocks + 5;  // padding rows the kernel must not score
+  const int64_t num_select = (q_rows + lp - 1) / lp;
+  const int64_t width = (num_select + 15) / 16 * 16;
+  std::vector<uint16_t> q_bits(batch * q_rows * heads * groups * dim), k_bits(batch * key_rows * heads * dim);
+  std::vector<float> qf(q_bits.size()), kf(k_bits.size()), lse(batch * q_rows * heads * groups);
+  for (size_t i = 0; i < q_bits.size(); ++i) q_bits[i] = to_bits(normal(rng), dtype, &qf[i]);
+  for (size_t i = 0; i < k_bits.size(); ++i) k_bits[i] = to_bits(normal(rng), dtype, &kf[i]);
+  const double scale = 1.4426950408889634 / std::sqrt(double(dim));
+  const float scale_f = float(scale);
+  const auto visible = [&](int64_t t) { return t + 1 < l ? int64_t(0) : std::min((t + 1 - l) / d + 1, num_blocks); };
+  const auto dot = [&](int64_t b, int64_t t, int64_t h, int64_t g, int64_t i) {
+    double s = 0;
+    for (int64_t e = 0; e < dim; ++e) {
+      s += double(qf[(((b * q_rows + t) * heads + h) * groups + g) * dim + e]) *
+           double(kf[((b * key_rows + i) * heads + h) * dim + e]);
+    }
+    return s * double(scale_f);
+  };
+  for (int64_t b = 0; b < batch; ++b)  // lse: the log2-sum-exp2 of each row's visible scores
+    for (int64_t t = 0; t < q_rows; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t g = 0; g < groups; ++g) {
+          double m = -INFINITY, sum = 0;
+          for (int64_t i = 0; i < visible(t); ++i) m = std::max(m, dot(b, t, h, g, i));
+          for (int64_t i = 0; i < visible(t); ++i) sum += std::exp2(dot(b, t, h, g, i) - m);
+          lse[((b * q_rows + t) * heads + h) * groups + g] = visible(t) ? float(m + std::log2(sum)) : INFINITY;
+        }
+  uint16_t *q_d, *k_d;
+  float *lse_d, *out_d;
+  int32_t* start_d;
+  const size_t out_count = size_t(batch * heads * chunk * width);
+  CHECK(cudaMalloc(&q_d, q_bits.size() * 2));
+  CHECK(cudaMalloc(&k_d, k_bits.size() * 2));
+  CHECK(cudaMalloc(&lse_d, lse.size() * 4));
+  CHECK(cudaMalloc(&out_d, out_count * 4));
+  CHECK(cudaMalloc(&start_d, 4));
+  const int32_t start32 = int32_t(start);
+  CHECK(cudaMemcpy(q_d, q_bits.data(), q_bits.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(k_d, k_bits.data(), k_bits.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(lse_d, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(start_d, &start32, 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(out_d, 0xff, out_count * 4));  // NaN: every slot must be written
+  NsaScoreShape s;
+  s.batch = batch, s.q_rows = q_rows, s.kv_heads = heads, s.groups = groups, s.dim = dim;
+  s.key_rows = key_rows, s.num_blocks = num_blocks, s.chunk = chunk, s.width = width;
+  s.block_size = l, s.stride = d, s.select_size = lp, s.scale = scale_f;
+  CHECK(jax_topk::cuda::nsa_block_scores(dtype, q_d, k_d, lse_d, start_d, s, out_d, 0));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> out(out_count);
+  CHECK(cudaMemcpy(out.data(), out_d, out_count * 4, cudaMemcpyDeviceToHost));
+  cudaFree(q_d), cudaFree(k_d), cudaFree(lse_d), cudaFree(out_d), cudaFree(start_d);
+  int64_t bad = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < chunk; ++r) {
+        const int64_t t = start + r;
+        std::vector<double> p(std::max(num_blocks, int64_t(1)), 0.0);
+        for (int64_t i = 0; i < visible(t); ++i)
+          for (int64_t g = 0; g < groups; ++g)
+            p[i] += std::exp2(dot(b, t, h, g, i) - double(lse[((b * q_rows + t) * heads + h) * groups + g]));
+        for (int64_t j = 0; j < width; ++j) {
+          double want = 0;
+          for (int64_t i = 0; i < num_blocks; ++i) {
+            const int64_t shared = std::min(i * d + l, (j + 1) * lp) - std::max(i * d, j * lp);
+            if (shared > 0) want += double(shared / d) * p[i];
+          }
+          const float got = out[((b * heads + h) * chunk + r) * width + j];
+          if (!(std::fabs(got - want) <= 1e-5 * std::fabs(want) + 1e-6)) {
+            if (bad++ < 5) std::printf("  b %ld h %ld t %ld block %ld: got %g, want %g\n", long(b), long(h),
+                                       long(t), long(j), got, want);
+          }
+        }
+      }
+  std::printf("%s %s G=%ld D=%ld l=%ld d=%ld l'=%ld T=%ld start=%ld chunk=%ld: %ld bad\n", bad ? "FAIL" : "ok  ",
+              dtype == DType::float16 ? "float16 " : "bfloat16", long(groups), long(dim), long(l), long(d), long(lp),
+              long(length), long(start), long(chunk), long(bad));
+  return bad == 0;
+}
+
+}  // namespace
+
+int main() {
+  bool ok = true;
+  //                  dtype          B  rows  T    Hkv G   D   l   d   l'  start chunk seed
+  ok &= run_case(DType::bfloat16, 1, 1280, 1201, 2, 16, 128, 32, 16, 64, 0, 1280, 1);
+  ok &= run_case(DType::bfloat16, 2, 640, 600, 1, 16, 128, 32, 16, 64, 320, 320, 2);
+  ok &= run_case(DType::float16, 1, 512, 500, 2, 4, 64, 16, 16, 64, 0, 512, 3);
+  ok &= run_case(DType::bfloat16, 1, 768, 700, 1, 1, 64, 64, 16, 64, 256, 512, 4);
+  ok &= run_case(DType::float16, 1, 768, 768, 2, 8, 128, 24, 8, 64, 0, 768, 5);
+  ok &= run_case(DType::bfloat16, 1, 256, 100, 1, 12, 64, 32, 8, 64, 0, 256, 6);
+  std::printf(ok ? "all passed\n" : "FAILED\n");
+  return ok ? 0 : 1;
+}
