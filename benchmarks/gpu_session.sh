@@ -35,13 +35,15 @@
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
 #   tests_nsa  tests/test_nsa.py on the GPU alone
 #   nsa_kernel the CUDA block-score kernel alone against a float64 host reference
-#              (csrc/cuda/tests/nsa_block_scores_test.cu), plain and under compute-sanitizer
-#              memcheck, racecheck and synccheck
+#              (csrc/cuda/tests/nsa_block_scores_test.cu), its time at 16K and 64K tokens
+#              (--bench), and compute-sanitizer memcheck, racecheck and synccheck over it
 #   tests_indexer  tests/test_indexer.py on the GPU alone (GPU == CPU, fused == unfused, batch invariance)
 #   bench_indexer  benchmarks/indexer.py alone
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files). JAX_TOPK_CUDA_ARCHS (e.g. 90-real) builds those
 # architectures only: a quicker build for a development call.
+# The package is built first unless every step runs standalone CUDA programs only
+# (selftest, sanitize, kbench, kregimes, phases, lengths, nsa_kernel).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
 set -uo pipefail
 OUT=${OUT:-/tmp/jax_topk_out}
@@ -78,8 +80,16 @@ cat "$OUT/summary.txt"
 
 build_args=()
 [[ -n ${JAX_TOPK_CUDA_ARCHS:-} ]] && build_args=(-C "cmake.define.JAX_TOPK_CUDA_ARCHITECTURES=$JAX_TOPK_CUDA_ARCHS")
-step build 420 python3 -m pip install --no-build-isolation --no-deps -v "${build_args[@]}" . || { echo "build failed"; exit 1; }
-python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
+# Steps that run standalone CUDA programs only need no package (a cold build of every
+# architecture takes ~7 minutes of device time).
+needs_package=0
+for s in "$@"; do
+  case $s in selftest|sanitize|kbench|kregimes|phases|lengths|nsa_kernel) ;; *) needs_package=1 ;; esac
+done
+if [[ $needs_package == 1 || $# == 0 ]]; then
+  step build 420 python3 -m pip install --no-build-isolation --no-deps -v "${build_args[@]}" . || { echo "build failed"; exit 1; }
+  python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
+fi
 
 for s in "$@"; do
   case $s in
@@ -182,6 +192,7 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
     nsa_kernel)
       step nsa_kernel_build 200 "${NVCC[@]}" csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu \
         -o /tmp/nsa_block_scores_test && step nsa_kernel 120 /tmp/nsa_block_scores_test &&
+        step nsa_kernel_bench 60 /tmp/nsa_block_scores_test --bench &&
         for tool in memcheck racecheck synccheck; do
           step "${tool}_nsa" 300 compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/nsa_block_scores_test
         done ;;

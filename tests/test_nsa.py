@@ -568,10 +568,36 @@ def test_gpu_cudnn_compressed_matches_the_kernel(length):
         assert float(jnp.mean(jnp.all(got_ids == ids, axis=-1))) > 0.999
 
 
+@gpu_only
+def test_gpu_selected_kernel_gradients_across_segments():
+    """The selected branch's backward kernels on the GPU where a key block's
+    visits span several segments (block 0 chosen by all 2500 tokens: segments
+    of at most 1024 visits, summed in order by the second kernel), against the
+    plain branch's VJP in float32."""
+    from jax_topk import _nsa_dispatch, _nsa_pallas
+
+    cfg = nsa.NSAConfig()
+    case = Case(cfg, 1, 2500, 8, 2, 64)
+    q, k, v, _, _ = make_inputs(case, seed=11)
+    rng = np.random.default_rng(11)
+    num_blocks = _nsa_core.num_selection_blocks(case.length, cfg.select_size)
+    ids = rng.integers(-1, num_blocks, (1, case.length, 2, cfg.num_selected)).astype(np.int32)
+    ids[..., 0] = 0
+    _, _, first = _nsa_pallas._visit_segments(jnp.asarray(ids), num_blocks)
+    assert int(first[0, 0, 1] - first[0, 0, 0]) >= 3  # block 0: at least 2500 visits, three segments or more
+    ids = jnp.asarray(ids)
+    cotangent = jnp.asarray(rng.standard_normal(q.shape), q.dtype)
+    plain = lambda q, k, v: nsa.selected_attention(q, k, v, ids, dataclasses.replace(cfg, implementation="xla"))
+    got = jax.vjp(lambda q, k, v: _nsa_dispatch._selected_kernel(q, k, v, ids, cfg, False), q, k, v)
+    want = jax.vjp(plain, q, k, v)
+    np.testing.assert_allclose(got[0], want[0], **F32_TOL)
+    assert_trees_close(got[1](cotangent), want[1](cotangent), rtol=1e-4, atol=1e-4)
+
+
 def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
     """One chunk's selection scores ``[B, Hkv, chunk, Ns']`` from the CUDA
     kernel and from the Pallas kernel, on the same inputs."""
-    from jax_topk import _nsa_core, _nsa_native, _nsa_pallas
+    from jax_topk import _nsa_native, _nsa_pallas
 
     padded, kv_heads, dim = lse.shape[1], k_cmp.shape[2], q.shape[3]
     keys_per_step, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, padded)

@@ -4,9 +4,11 @@
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
 //     csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu -o /tmp/nsa_block_scores_test
 //   compute-sanitizer --tool memcheck /tmp/nsa_block_scores_test
+//   /tmp/nsa_block_scores_test --bench   # kernel time at benchmarks/nsa.py's shapes, CUDA events
 // Cases: one and two head tiles (G = 1, 4, 16), D = 64 and 128, bfloat16 and
 // float16, halos of 0 to 3 compression blocks, 16 and 8 selection blocks per
 // step, chunks that start past 0 and end past T, k_cmp with padding rows.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -133,9 +135,64 @@ bool run_case(DType dtype, int64_t batch, int64_t q_rows, int64_t length, int64_
   return bad == 0;
 }
 
+// Kernel time of the selection scores of a T-token sequence (B = 1, Hkv = 4,
+// G = 16, D = 128, bfloat16, l = 32, d = 16, l' = 64: benchmarks/nsa.py),
+// in chunks of 4096 queries as _nsa_pallas.selection_ids calls it.
+bool bench(int64_t length) {
+  const int64_t heads = 4, groups = 16, dim = 128, chunk = 4096, l = 32, d = 16, lp = 64;
+  const int64_t num_blocks = (length - l) / d + 1, width = ((length + lp - 1) / lp + 15) / 16 * 16;
+  std::vector<uint16_t> q_bits(length * heads * groups * dim), k_bits(num_blocks * heads * dim);
+  std::vector<float> lse(length * heads * groups, 8.0f);
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal;
+  float rounded;
+  for (auto& x : q_bits) x = to_bits(normal(rng), DType::bfloat16, &rounded);
+  for (auto& x : k_bits) x = to_bits(normal(rng), DType::bfloat16, &rounded);
+  uint16_t *q_d, *k_d;
+  float *lse_d, *out_d;
+  int32_t* starts_d;
+  const int64_t chunks = length / chunk;
+  std::vector<int32_t> starts(chunks);
+  for (int64_t c = 0; c < chunks; ++c) starts[c] = int32_t(c * chunk);
+  CHECK(cudaMalloc(&q_d, q_bits.size() * 2));
+  CHECK(cudaMalloc(&k_d, k_bits.size() * 2));
+  CHECK(cudaMalloc(&lse_d, lse.size() * 4));
+  CHECK(cudaMalloc(&out_d, size_t(heads * chunk * width) * 4));
+  CHECK(cudaMalloc(&starts_d, chunks * 4));
+  CHECK(cudaMemcpy(q_d, q_bits.data(), q_bits.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(k_d, k_bits.data(), k_bits.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(lse_d, lse.data(), lse.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(starts_d, starts.data(), chunks * 4, cudaMemcpyHostToDevice));
+  NsaScoreShape s;
+  s.batch = 1, s.q_rows = length, s.kv_heads = heads, s.groups = groups, s.dim = dim;
+  s.key_rows = num_blocks, s.num_blocks = num_blocks, s.chunk = chunk, s.width = width;
+  s.block_size = l, s.stride = d, s.select_size = lp, s.scale = float(1.4426950408889634 / std::sqrt(128.0));
+  cudaEvent_t begin, end;
+  CHECK(cudaEventCreate(&begin));
+  CHECK(cudaEventCreate(&end));
+  std::vector<float> times;
+  for (int rep = 0; rep < 6; ++rep) {
+    CHECK(cudaEventRecord(begin));
+    for (int64_t c = 0; c < chunks; ++c) {
+      CHECK(jax_topk::cuda::nsa_block_scores(DType::bfloat16, q_d, k_d, lse_d, starts_d + c, s, out_d, 0));
+    }
+    CHECK(cudaEventRecord(end));
+    CHECK(cudaEventSynchronize(end));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, begin, end));
+    if (rep > 0) times.push_back(ms);  // the first is warm-up
+  }
+  std::sort(times.begin(), times.end());
+  std::printf("bench T=%ld: %.3f ms (median of %zu; %ld chunks of %ld queries)\n", long(length),
+              times[times.size() / 2], times.size(), long(chunks), long(chunk));
+  cudaFree(q_d), cudaFree(k_d), cudaFree(lse_d), cudaFree(out_d), cudaFree(starts_d);
+  return true;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return bench(16384) && bench(65536) ? 0 : 1;
   bool ok = true;
   //                  dtype          B  rows  T    Hkv G   D   l   d   l'  start chunk seed
   ok &= run_case(DType::bfloat16, 1, 1280, 1201, 2, 16, 128, 32, 16, 64, 0, 1280, 1);
