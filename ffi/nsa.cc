@@ -64,6 +64,9 @@ ffi::Error nsa_block_scores_gpu(gpuStream_t stream, ffi::Buffer<ffi::S32> start,
                      std::to_string(s.q_rows));
   }
   if (start.element_count() < 1) return nsa_error("start must hold the chunk's first query");
+  if (batch > 65535 || s.kv_heads > 65535) {
+    return nsa_error("q " + ffi_util::shape_string(qd) + ": at most 65535 items and KV heads (the launch grid)");
+  }
   if (num_blocks < 0 || num_blocks > s.key_rows) {
     return nsa_error("num_blocks=" + std::to_string(num_blocks) + " must be in [0, " + std::to_string(s.key_rows) +
                      "] for k_cmp " + ffi_util::shape_string(kd));

@@ -53,7 +53,7 @@ __device__ __forceinline__ float exp2_approx(float x) {  // ex2.approx, as Trito
   return y;
 }
 
-// Two consecutive 16-bit elements as one A-fragment register (0 off the group).
+// Two consecutive 16-bit elements as one fragment register (0 for a head past the group).
 __device__ __forceinline__ uint32_t load_pair(const uint16_t* p, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
 }
@@ -269,6 +269,7 @@ gpuError_t launch_for_dim(const void* q, const void* k_cmp, const float* lse, co
 gpuError_t nsa_block_scores(DType dtype, const void* q, const void* k_cmp, const float* lse, const int32_t* start,
                             const NsaScoreShape& shape, float* out, gpuStream_t stream) {
   if (!nsa_score_dtype(dtype) || shape.chunk % 16 != 0 || shape.width >= (int64_t(1) << 30) ||
+      shape.batch > 65535 || shape.kv_heads > 65535 ||
       shape.num_blocks >= (int64_t(1) << 30) || shape.select_size * kNsaStepKeys >= (int64_t(1) << 30) ||
       nsa_block_scores_unsupported(shape.groups, shape.dim, shape.block_size, shape.stride, shape.select_size)) {
     return gpuErrorInvalidValue;
