@@ -8,7 +8,9 @@ import jaxlib
 from jax_topk import _registry
 from jax_topk._version import __version__
 
-OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route", "indexer")
+OPS = ("top_k", "top_k_lengths", "sort", "sort_lengths", "route", "indexer", "nsa_block_scores")
+# What runs an op where no native kernel takes the dtype (default: the pure-JAX fallback).
+_FALLBACK = {"nsa_block_scores": "NSA's Pallas block-score kernel on a CUDA GPU, plain JAX elsewhere"}
 
 
 def _lowering_platform(backend: str) -> str:
@@ -27,7 +29,8 @@ def info() -> dict:
     is compiled and registered, its FFI targets, the dtypes its kernels handle
     and how it was built (or why it is unavailable). ``"paths"`` tells, for the
     default backend, which ops run a native kernel and for which dtypes; every
-    other real dtype runs the pure-JAX fallback with identical results.
+    other real dtype runs the pure-JAX fallback with identical results (NSA's
+    block scores: its Pallas kernel or plain JAX, equal up to float sums).
 
     Example:
       >>> import jax_topk
@@ -45,9 +48,9 @@ def info() -> dict:
         "platforms": platforms,
         "paths": {
             op: (
-                {"kernel": native["op_dtypes"][op], "other dtypes": "pure-JAX fallback"}
+                {"kernel": native["op_dtypes"][op], "other dtypes": _FALLBACK.get(op, "pure-JAX fallback")}
                 if native.get("native") and op in native["targets"]
-                else {"all dtypes": "pure-JAX fallback"}
+                else {"all dtypes": _FALLBACK.get(op, "pure-JAX fallback")}
             )
             for op in OPS
         },
