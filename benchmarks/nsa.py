@@ -32,7 +32,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_topk import _bench, _nsa_cudnn, _nsa_dispatch, _nsa_native, _nsa_pallas, nsa
+from jax_topk import _bench, _nsa_cudnn, _nsa_dispatch, _nsa_pallas, nsa
 
 
 def dense(q, k, v, gates):
@@ -162,9 +162,8 @@ def branch_breakdown(t: int, args) -> dict:
             lambda a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1]), (q, k_cmp, v_cmp)),
         "block scores + select (Pallas kernel + top_k)": (
             lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, interpret=interpret), (q, k_cmp, lse)),
-        **({"block scores + select (CUDA kernel + top_k)": (
-            lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, native=True), (q, k_cmp, lse))}
-           if _nsa_native.unsupported(cfg, q.dtype, q.shape[2] // k.shape[2], q.shape[3]) is None else {}),
+        "block scores + select (CUDA kernel + top_k)": (  # "unavailable: ..." where the kernel is not
+            lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, native=True), (q, k_cmp, lse)),
         "selected (dispatched)": (lambda a: nsa.selected_attention(*a, cfg), (q, k, v, ids)),
         "window (dispatched)": (lambda a: nsa.sliding_window_attention(*a, cfg), (q, k, v)),
     }

@@ -35,8 +35,13 @@ def block_scores(start, queries, k_cmp, lse, *, cfg, num_blocks: int, chunk: int
     ``[B, Nk, Hkv, D]`` (its first ``num_blocks`` rows real), lse ``[B, T',
     Hkv, G]`` (base 2), ``scale`` the base-2 score scale. Blocks past what a
     query sees score 0. Under vmap the mapped axes become more items (one call).
+    Raises ValueError, with ``unsupported``'s reason, for what the kernel cannot take.
     """
-    kv_heads = queries.shape[-3]
+    kv_heads, groups, dim = queries.shape[-3:]
+    why = unsupported(cfg, queries.dtype, groups, dim)
+    if why is not None:
+        raise ValueError(f"NSA's CUDA block-score kernel cannot take queries {tuple(queries.shape)} "
+                         f"{np.dtype(queries.dtype).name}: {why}")
     out = jax.ShapeDtypeStruct(queries.shape[:-4] + (kv_heads, chunk, width), jnp.float32)
     if num_blocks == 0:  # shorter than one compression block: nothing is seen (and no keys to pass)
         return jnp.zeros(out.shape, out.dtype)

@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "cuda/nsa_cuda.h"
@@ -31,12 +32,9 @@ uint16_t to_bits(float x, DType d, float* rounded) {
     memcpy(&bits, &h, 2);
     *rounded = __half2float(h);
   } else {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fff + ((u >> 16) & 1);  // round to nearest even (finite inputs)
-    bits = uint16_t(u >> 16);
-    const uint32_t back = uint32_t(bits) << 16;
-    memcpy(rounded, &back, 4);
+    const __nv_bfloat16 h = __float2bfloat16_rn(x);
+    memcpy(&bits, &h, 2);
+    *rounded = __bfloat162float(h);
   }
   return bits;
 }
