@@ -261,6 +261,36 @@ JAX_TOPK_UNROLL
   return t;
 }
 
+// Steps 1-2 with a sample (threshold_sample_rank in topk_dispatch.h): the G
+// = kThreads * kR packed elements of G / 32 chunks of 32 consecutive
+// elements spread evenly over in[0:len) into a[0:G) (chunk q * warps + w is
+// warp w's q-th load, a lane per element), and T = the rank-th largest of
+// them; zeroes ts.candidates. len >= G (the dispatch's ratio). Ends with a
+// barrier.
+template <typename U, int kThreads, int kR>
+__device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, KeyCodec<U> codec, uint64_t* a,
+                                           uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
+  static_assert(kThreads % kWarpSize == 0 && kThresholdSampleChunk == kWarpSize, "a warp loads a chunk");
+  constexpr int kWarps = kThreads / kWarpSize;
+  constexpr int kChunks = kWarps * kR;
+  const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
+  const uint64_t step = threshold_sample_step(kChunks, len);
+  auto index = [&](int q) { return int(threshold_sample_chunk_start(q * kWarps + warp, step)) + lane; };
+  U bits[kR];
+JAX_TOPK_UNROLL
+  for (int q = 0; q < kR; ++q) bits[q] = __ldg(in + index(q));  // every load issued before the first is used
+JAX_TOPK_UNROLL
+  for (int q = 0; q < kR; ++q) {
+    a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q)));
+  }
+  if (tid == 0) ts.candidates = 0;
+  __syncthreads();
+  timer.mark(kThresholdPhaseMaxima);
+  const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts);
+  timer.mark(kThresholdPhaseSelect);
+  return t;
+}
+
 // Keeps the k largest of a[0:c) (c = *count > k, the values distinct and
 // visible to every thread: the caller's barrier) in a[0:k), in no particular
 // order, and sets *count = k; returns the k-th largest. tmp: k values.
@@ -342,9 +372,9 @@ inline constexpr int kThresholdMinBlocksPerSm = kUnroll > kRadixUnroll<U> ? 1 : 
 template <typename U, int kThreads, int kR, int kUnroll>
 __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThreads, kUnroll>))
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
-                                        int64_t k, int index_bits, KeyCodec<U> codec,
-                                        RowLengths<U> lengths, U* __restrict__ values,
-                                        int32_t* __restrict__ indices) {
+                                        int64_t k, int index_bits, uint32_t sample_rank,
+                                        KeyCodec<U> codec, RowLengths<U> lengths,
+                                        U* __restrict__ values, int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
   constexpr int kG = kThreads * kR;
@@ -364,21 +394,28 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // 32 bits (n < 2^31): one register less through both walks (sm_100
     // spilled with a 64-bit length).
     const int len = int(lengths.of_loaded(row, n));
-    // 1-2. T from the row's group maxima.
-    const P t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts, timer);
-    // 3. Candidates >= T (at least k of them).
+    // 1-2. T from a sample of the row (sample_rank > 0: whole rows only, the
+    // host's choice; the row is then read once) or from its group maxima.
+    const bool sampled = sample_rank > 0;
+    const P t = sampled ? threshold_from_samples<U, kThreads, kR>(in, len, sample_rank, codec, a, hist, ts, timer)
+                        : threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts,
+                                                                                timer);
+    // 3. Candidates >= T: at least k of them from group maxima; from a
+    // sample, if not, the row goes to the radix select below, as it does
+    // with more than G. (A retry with group maxima, a loop around this walk,
+    // cost ptxas 140 bytes of spills.)
     CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
     const int c = int(ts.candidates);
-    if (c <= kG) {  // uniform
+    if (c <= kG && (!sampled || c >= k)) {  // uniform
       // 4. Each candidate's rank is its output slot.
       write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
                                             values + row * k, indices + row * k);
       timer.mark(kThresholdPhaseOrder);
     } else {
-      // Too many candidates: radix select of the row in this block. Room:
+      // Too many candidates (or a sample's too few): radix select of the row in this block. Room:
       // next_pow2(k) <= kG survivors, the rest split into two candidate buffers.
       const int survivors = int(next_pow2(k));
       const int capacity = (kG - survivors) / 2;

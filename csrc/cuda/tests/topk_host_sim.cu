@@ -621,7 +621,12 @@ uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes
 
 int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallback
 int64_t g_threshold_max_ratio_x100 = 0;
+int g_threshold_sampled[2] = {0, 0};  // rows whose sampled T was kept, missed
+int64_t g_threshold_sampled_max_c = 0;  // most candidates of a kept sampled T, random rows
 int g_threshold_sorted = 0;  // rows whose candidates took the bitonic fallback of the rank  // worst candidates / k (x100) on the sorted path, random rows
+
+template <KeyKind Kind, typename U, int kThreads, int kR>
+bool sim_threshold_rank(const std::vector<U>& row, int64_t len, int64_t k, uint64_t t, int pattern);
 
 // Emulates threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll> on
 // one row whose first `head` elements come before the first 16-byte boundary
@@ -636,6 +641,40 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   const KeyCodec<U> codec = make_key_codec<Kind, U>();
   const int64_t n = int64_t(row.size());
   auto packed = [&](int64_t i) { return Pack::pack(codec.key(row[size_t(i)]), uint32_t(i)); };
+  auto count_at_least = [&](P t) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < len; ++i) c += packed(i) >= t;
+    return c;
+  };
+  // 0. A sampled threshold (whole rows; the host's threshold_sample_rank):
+  // kept when it leaves k..G candidates, else the radix select.
+  const int rank = len == n ? threshold_sample_rank(n, k, kG) : 0;
+  if (rank > 0) {
+    constexpr int kChunks = kG / kThresholdSampleChunk;
+    std::vector<P> sample;
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(kChunks, len));
+      if (start < 0 || start + kThresholdSampleChunk > len) return false;
+      for (int l = 0; l < kThresholdSampleChunk; ++l) sample.push_back(packed(start + l));
+    }
+    int passes = 0;
+    const P t = sim_kth_largest(sample, uint32_t(rank), &passes);
+    std::vector<P> sorted_sample = sample;
+    std::sort(sorted_sample.begin(), sorted_sample.end(), std::greater<P>());
+    if (t != sorted_sample[size_t(rank - 1)]) return false;
+    const int64_t c = count_at_least(t);
+    if (c >= k && c <= kG) {
+      ++g_threshold_sampled[0];
+      if (pattern == 0) g_threshold_sampled_max_c = std::max(g_threshold_sampled_max_c, c);
+      return sim_threshold_rank<Kind, U, kThreads, kR>(row, len, k, t, pattern);
+    }
+    ++g_threshold_sampled[1];
+    if (std::getenv("SIM_VERBOSE")) std::printf("sample missed n=%lld k=%lld c=%lld pattern=%d\n", (long long)n, (long long)k, (long long)c, pattern);
+    const int64_t survivors = next_pow2(k);
+    if (survivors > kG) return false;
+    int scans = 0;
+    return sim_radix<Kind, U>(row, len, k, (kG - survivors) / 2, &scans);
+  }
   // 1. Group maxima, in the walk order of walk_row_steps.
   std::vector<P> a(size_t(kG), P(0));
   auto visit = [&](int tid, int64_t i, int pos) {
@@ -664,6 +703,19 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   std::vector<P> sorted_a = a;
   std::sort(sorted_a.begin(), sorted_a.end(), std::greater<P>());
   if (t != sorted_a[size_t(k - 1)]) return false;
+  return sim_threshold_rank<Kind, U, kThreads, kR>(row, len, k, t, pattern);
+}
+
+// Steps 3-4 of the threshold kernel for T = t: the candidates, their rank (or
+// the radix fallback past G).
+template <KeyKind Kind, typename U, int kThreads, int kR>
+bool sim_threshold_rank(const std::vector<U>& row, int64_t len, int64_t k, uint64_t t, int pattern) {
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  constexpr int kG = kThreads * kR;
+  const KeyCodec<U> codec = make_key_codec<Kind, U>();
+  const int64_t n = int64_t(row.size());
+  auto packed = [&](int64_t i) { return Pack::pack(codec.key(row[size_t(i)]), uint32_t(i)); };
   // 3. Candidates.
   std::vector<P> cand;
   for (int64_t i = 0; i < len; ++i) if (packed(i) >= t) cand.push_back(packed(i));
@@ -884,6 +936,37 @@ void run_width(std::mt19937_64& rng) {
       }
     }
   }
+  // Sampled thresholds: longer rows, and rows made against the wide block's
+  // sample (its chunks high and the rest low: too few candidates; the
+  // reverse: too many), which take the radix select.
+  if constexpr (sizeof(U) <= 4) for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 1024}, {32768, 600},
+                                                          {65536, 2048}, {8192, 256}}) {
+    for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
+      if (n == 131072 && pattern != 0 && pattern != 3) continue;  // keep the run short
+      report<U>(sim_threshold<Kind, U>(make_row<U>(rng, n, pattern), n, k, 0, pattern), "threshold", n, k, pattern, 0);
+    }
+    const int64_t slots = int64_t(kThresholdWideThreads) * threshold_slots(k, int(sizeof(U)), kThresholdWideThreads);
+    const int64_t chunks = slots / kThresholdSampleChunk;
+    if (threshold_sample_rank(n, k, slots) == 0) continue;  // narrow keys: more slots, too few per sample
+    for (bool chunks_high : {true, false}) {
+      std::vector<U> row(static_cast<size_t>(n));
+      std::vector<char> sampled(static_cast<size_t>(n), 0);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(chunks, n));
+        for (int l = 0; l < kThresholdSampleChunk; ++l) sampled[size_t(start + l)] = 1;
+      }
+      constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
+      for (int64_t i = 0; i < n; ++i) {
+        const U low = U(U(rng()) & U(kTop - 1));
+        const bool high = (sampled[size_t(i)] != 0) == chunks_high;
+        // The sign bit: set ranks high for unsigned keys, low for the others.
+        row[size_t(i)] = high == (Kind == KeyKind::kUnsigned) ? U(kTop | low) : low;
+      }
+      const int before = g_threshold_sampled[1];
+      report<U>(sim_threshold<Kind, U>(row, n, k, 0, 6), "threshold(against the sample)", n, k, 6, chunks_high);
+      report<U>(g_threshold_sampled[1] > before, "threshold(the sample missed)", n, k, 6, chunks_high);
+    }
+  }
   run_width_lengths<Kind, U>(rng);
 }
 
@@ -904,6 +987,8 @@ int main() {
               "worst candidates/k on random rows: %.2f\n",
               g_threshold_paths[1], g_threshold_sorted, g_threshold_paths[2],
               double(g_threshold_max_ratio_x100) / 100.0);
+  std::printf("threshold samples: kept %d, missed (radix select) %d; most candidates of a kept sample on random rows: %lld\n",
+              g_threshold_sampled[0], g_threshold_sampled[1], (long long)g_threshold_sampled_max_c);
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

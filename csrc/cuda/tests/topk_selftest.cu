@@ -55,6 +55,7 @@
 #include "cuda/primitives.cuh"
 #include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
+#include "cuda/topk_threshold.cuh"  // threshold_slots: the sampled-threshold cases
 #include "jax_topk/dtypes.h"
 #include "jax_topk/keys.h"
 #include "jax_topk/sort_dispatch.h"
@@ -82,7 +83,12 @@ size_t g_l2_bytes = 0;
 int g_passed = 0;
 int g_failed = 0;
 
-enum class Pattern { kRandomBits, kGaussian, kFewValues, kAllEqual, kSpecials, kAscending, kDescending };
+enum class Pattern { kRandomBits, kGaussian, kFewValues, kAllEqual, kSpecials, kAscending, kDescending,
+                     kSampleHigh, kSampleLow };
+
+// Group slots (G) of the threshold kernel the kSampleHigh / kSampleLow rows
+// are made against: set with the cases that use them.
+int64_t g_sample_slots = 0;
 
 const char* pattern_name(Pattern p) {
   switch (p) {
@@ -93,6 +99,8 @@ const char* pattern_name(Pattern p) {
     case Pattern::kSpecials: return "specials";
     case Pattern::kAscending: return "ascending";
     case Pattern::kDescending: return "descending";
+    case Pattern::kSampleHigh: return "sample_high";
+    case Pattern::kSampleLow: return "sample_low";
   }
   return "?";
 }
@@ -211,6 +219,26 @@ void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t 
     case Pattern::kDescending:
       for (int64_t i = 0; i < n; ++i) row[i] = bits_from_key<Kind>(U(uint64_t(n - i) * 5 + 1));
       break;
+    case Pattern::kSampleHigh:
+    case Pattern::kSampleLow: {
+      // The threshold kernel's sample of a row with g_sample_slots slots
+      // (threshold_sample_chunk_start): its chunks' elements high and the
+      // rest low (the sampled T leaves fewer than k candidates), or the
+      // reverse (more than G). Either way the row takes the radix select.
+      const int64_t chunks = g_sample_slots / kThresholdSampleChunk;
+      std::vector<char> sampled(size_t(n), 0);
+      for (int64_t c = 0; chunks >= 2 && c < chunks; ++c) {
+        const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(chunks, n));
+        for (int64_t l = 0; l < kThresholdSampleChunk && start + l < n; ++l) sampled[size_t(start + l)] = 1;
+      }
+      constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
+      for (int64_t i = 0; i < n; ++i) {
+        const U low = U(random_bits() & U(kTop - 1));
+        const bool high = (sampled[size_t(i)] != 0) == (p == Pattern::kSampleHigh);
+        row[i] = bits_from_key<Kind>(high ? U(kTop | low) : low);
+      }
+      break;
+    }
   }
 }
 
@@ -703,6 +731,32 @@ void run_suite(bool quick, bool big) {
       }
     }
     run_one(d, narrow_rows - 1, 8192, 64, Pattern::kGaussian);  // just below: wide blocks
+    // Sampled thresholds (whole rows of at least threshold_sample_rank's
+    // length; rows with lengths take the group maxima): random, tied,
+    // sorted and special rows, and rows made against the sample, whose T
+    // leaves too few or too many candidates (the radix select takes them).
+    // Wide blocks with doubled loads (5 rows), plain loads (more rows than
+    // SMs, no L2 cap on the grid) and narrow blocks.
+    for (const auto& [rows, n, k] : {std::tuple<int64_t, int64_t, int64_t>{5, 65536, 2048}, {5, 65536, 1024},
+                                     {5, 131072, 1024}, {5, 32768, 600}, {5, 8192, 129}, {5, 8192, 256},
+                                     {2 * sm + 3, 65536, 2048}, {2 * sm + 3, 32768, 1024},
+                                     {narrow_rows, 8192, kThresholdNarrowMaxK}}) {
+      const int threads = threshold_block_threads(rows, k, sm);
+      g_sample_slots = int64_t(threads) * jax_topk::cuda::threshold_slots(k, dtype_bytes(d), threads);
+      if (threshold_sample_rank(n, k, g_sample_slots) == 0) {  // narrower keys: more slots
+        if (d != DType::float32) continue;
+        std::printf("FAIL the sampled-threshold case %lldx%lld k%lld (%d-byte keys) takes no sample\n",
+                    (long long)rows, (long long)n, (long long)k, dtype_bytes(d));
+        ++g_failed;
+        continue;
+      }
+      for (Pattern p : {Pattern::kGaussian, Pattern::kSampleHigh, Pattern::kSampleLow, Pattern::kAllEqual,
+                        Pattern::kAscending, Pattern::kDescending, Pattern::kFewValues, Pattern::kSpecials}) {
+        if (quick && rows != 5 && p != Pattern::kGaussian && p != Pattern::kSampleLow) continue;
+        run_one(d, rows, n, k, p, /*misaligned=*/p == Pattern::kFewValues);
+      }
+      run_lengths(d, rows, n, k, Pattern::kGaussian);
+    }
     g_topk_regime.reset();
     // Streamed threshold (forced on every length): rows within the first
     // step (narrow: 2048 float32, wide: 8192 or 16384), just past it, and

@@ -121,6 +121,77 @@ inline constexpr int kThresholdNarrowThreads = 128;
 inline constexpr int64_t kThresholdNarrowMaxK = 256;
 inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
 
+// Sampled threshold (kThresholdRowPerBlock, whole rows only: no lengths).
+// The two-read kernel's first read exists only to find T, a key with at
+// least k elements at or above it and few more. On long rows a sample does
+// that for a fraction of the bytes: the block's G group slots hold G packed
+// elements taken in chunks of kThresholdSampleChunk consecutive elements (one
+// coalesced load per warp) spread evenly over the row, and T is the r-th
+// largest of them, r from threshold_sample_rank. The row is then read once,
+// by the compaction, which counts the elements >= T: at least k (the top k
+// are all there) and at most G (the rank's capacity) and the row is done;
+// otherwise (a sample unlike its row: periodic or clustered values) the row
+// takes the kernel's radix select, as rows with too many candidates do.
+// Exact either way; only time depends on the sample.
+//
+// r: for iid values, the count at or above the r-th largest of s samples of
+// a row of n has mean ~ r n/s and standard deviation ~ (n/s) sqrt(r (1 +
+// s/n)); r is the smallest with mean - z sd >= k, z =
+// kThresholdSampleSigmas (4: the radix select for ~3e-5 of random rows).
+// Tied values rank by index, where the sample is in chunks: in an all-equal
+// row the r-th largest sample is in chunk (r - 1) / 32, with ~ (r - 32) n/s
+// elements before it, so r is also at least k s/n + 33. The sample is used
+// only where mean + z sd <= G, n >= kThresholdSampleMinRatio s (the sample
+// at most 1/8 of the row) and n >= kThresholdSampleMinN.
+inline constexpr int kThresholdSampleChunk = 32;
+inline constexpr int64_t kThresholdSampleMinRatio = 8;
+inline constexpr double kThresholdSampleSigmas = 4.0;
+#ifndef JAX_TOPK_THRESHOLD_SAMPLE_MIN_N  // a build-time override for A/B measurements only
+#define JAX_TOPK_THRESHOLD_SAMPLE_MIN_N 8192
+#endif
+inline constexpr int64_t kThresholdSampleMinN = JAX_TOPK_THRESHOLD_SAMPLE_MIN_N;
+
+// sqrt for constant expressions (Newton's method from above; x >= 0).
+constexpr double constexpr_sqrt(double x) {
+  if (x <= 0) return 0;
+  double r = x > 1 ? x : 1;
+  for (int i = 0; i < 64; ++i) {
+    const double next = 0.5 * (r + x / r);
+    if (next >= r) break;
+    r = next;
+  }
+  return r;
+}
+
+// The sample rank r for a whole row of n, k and a block of `samples` group
+// slots (also the candidates' capacity); 0: no sampled threshold.
+constexpr int threshold_sample_rank(int64_t n, int64_t k, int64_t samples) {
+  if (samples < 2 * kThresholdSampleChunk || samples % kThresholdSampleChunk != 0) return 0;
+  if (n < kThresholdSampleMinN || n < kThresholdSampleMinRatio * samples || k <= 0) return 0;
+  const double per = double(n) / double(samples);  // row elements per sample
+  const double z = kThresholdSampleSigmas * constexpr_sqrt(1.0 + 1.0 / per);
+  // per (r - z sqrt(r)) >= k  <=>  sqrt(r) >= (z + sqrt(z^2 + 4 k / per)) / 2
+  const double root = 0.5 * (z + constexpr_sqrt(z * z + 4.0 * double(k) / per));
+  const int64_t r_iid = int64_t(root * root) + 1;
+  const int64_t r_tied = int64_t(double(k) / per) + kThresholdSampleChunk + 1;
+  const int64_t r = r_iid > r_tied ? r_iid : r_tied;
+  if (r > samples) return 0;
+  const double high = per * (double(r) + z * constexpr_sqrt(double(r)));
+  return high <= double(samples) ? int(r) : 0;
+}
+
+// Sample chunks on a row of len >= chunks * kThresholdSampleChunk elements
+// (len < 2^31): chunk c of `chunks` starts at (c * step) >> 32, step =
+// threshold_sample_step (one division per row, not one per chunk): evenly
+// spaced, the first at 0 and the last ending at or before len.
+// (constexpr: kernels call them too, under --expt-relaxed-constexpr.)
+constexpr uint64_t threshold_sample_step(int64_t chunks, int64_t len) {
+  return (uint64_t(len - kThresholdSampleChunk) << 32) / uint64_t(chunks - 1);
+}
+constexpr int64_t threshold_sample_chunk_start(int64_t c, uint64_t step) {
+  return int64_t((uint64_t(c) * step) >> 32);
+}
+
 // Streamed threshold kernel (kThresholdStream: the row read once, the
 // threshold raised as it streams) for few rows (no more than SMs) whose
 // input is at least kThresholdStreamMinBytes, about the L2 of an H100/H200
