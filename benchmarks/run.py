@@ -73,8 +73,17 @@ def torch_contenders(op: str, repeats: int):
         return statistics.median(times) / replicas
 
     def factory(fn_for_shape):
-        # The harness expects a JAX op; torch contenders return a precomputed time instead.
-        return lambda shape: _bench.PrecomputedTime(graph_timer(shape, fn_for_shape(shape)))
+        # The harness expects a JAX op; torch contenders return a precomputed time instead,
+        # or None (not timed on this shape) where torch fails: on an H200 with torch 2.11,
+        # torch.sort(stable=True) under graph capture raised "invalid device ordinal" and
+        # ended the whole run.
+        def timed(shape):
+            try:
+                return _bench.PrecomputedTime(graph_timer(shape, fn_for_shape(shape)))
+            except RuntimeError as err:  # torch.AcceleratorError is one
+                print(f"warning: torch failed on {shape}; not timed: {str(err).splitlines()[0]}", file=sys.stderr)
+                return None
+        return timed
 
     torch_sort = {"torch.sort": factory(lambda s: (lambda x: torch.sort(x, dim=-1, descending=True, stable=True)))}
     if op == "sort":

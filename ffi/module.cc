@@ -190,6 +190,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["register_rows_max_n"] = jax_topk::kRegisterRowsMaxN;
         t["register_rows_max_k"] = jax_topk::kRegisterRowsMaxK;
         t["register_rows_min_k"] = jax_topk::kRegisterRowsMinK;
+        t["threshold_sample_min_n"] = jax_topk::kThresholdSampleMinN;  // whole rows from here may take a sampled T
         d["topk_thresholds"] = t;
         // Thresholds on rows per SM (the tests multiply by the device's SMs).
         nb::dict per_sm;

@@ -153,6 +153,20 @@ def test_threshold_stream_boundary(rng):
                           lengths=user_lengths(rows_min, n, max_k, rng))
 
 
+@pytest.mark.parametrize("rows,n,k", [(140, 65536, 2048), (130, 131072, 1024), (600, 8192, 256), (300, 32768, 600)])
+def test_threshold_sampled_rows(rows, n, k, rng):
+    # Whole rows of these shapes take the threshold kernel's sampled T
+    # (threshold_sample in topk_dispatch.h: the row read once); with lengths,
+    # the same rows take group maxima. Ascending rows put the top k at the
+    # end, all-equal rows rank by index.
+    for kind in ("random", "ties", "equal"):
+        assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
+    ascending = np.tile(np.arange(n, dtype=np.float32), (rows, 1))
+    assert_gpu_equals_cpu(ascending, k)
+    assert_gpu_equals_cpu(make_input("special", (rows, n), "bfloat16", rng), k,
+                          lengths=user_lengths(rows, n, k, rng))
+
+
 def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
     assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)

@@ -316,15 +316,16 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   // sample); otherwise two reads: a block holds one row between them, so
   // rows in flight * row bytes <= L2 (part of each block's time is the
   // candidate ranking, with its row no longer needed).
-  const int sample_rank = kStream || lengths.lengths != nullptr ? 0 : threshold_sample_rank(n, k, kThreads * kR);
-  const bool two_reads = !kStream && sample_rank == 0;
+  const ThresholdSample sample = kStream || lengths.lengths != nullptr ? ThresholdSample{0, 0}
+                                                                       : threshold_sample(n, k, kThreads * kR);
+  const bool two_reads = !kStream && sample.rank == 0;
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, two_reads ? n * int64_t(sizeof(U)) : 0);
   if constexpr (kStream) {
     threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>
         <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, codec, lengths, values, indices);
   } else {
     threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>
-        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), uint32_t(sample_rank),
+        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), sample,
                                                      codec, lengths, values, indices);
   }
   return gpuGetLastError();

@@ -1,7 +1,8 @@
 // Threshold top-k, one block per row (regime kThresholdRowPerBlock): keys of
 // at most 32 bits, k <= kThresholdMaxK, any n. Two reads of the row instead
-// of the 4-6 scans of radix select (a variant reading it once, regime
-// kThresholdStream, is at the end of the file):
+// of the 4-6 scans of radix select, or one and a sample on long rows (a
+// variant reading it once, regime kThresholdStream, is at the end of the
+// file):
 //
 // Blocks of kThreads threads (threshold_block_threads in topk_dispatch.h:
 // wide blocks for few rows or large k, narrow ones for many rows).
@@ -25,10 +26,17 @@
 //    written. Deterministic: packed values are distinct, so the ranks are.
 //    A bucket too full to rank (clustered values) falls back to a bitonic
 //    sort of next_pow2(c), padded with 0, which is below every element.
+// Sampled T (whole rows long enough: threshold_sample in topk_dispatch.h):
+// steps 1-2 take G packed elements in 32-element chunks spread over the row
+// instead of the whole row's group maxima, and T = a value with between
+// rank and most of them at or above it. The row is then read once. Unlike
+// the maxima's T, a sample's does not guarantee k candidates: the
+// compaction's count is checked, and a row with fewer than k takes the
+// fallback below.
 // Fallback: c > G (capacity) -- only when many groups are empty or, with
-// G < the number of elements, heavy ties beyond the groups' reach -- runs the
-// radix select of topk_radix.cuh for that row, in the same block and the same
-// shared memory. Always correct, slower.
+// G < the number of elements, heavy ties beyond the groups' reach, or a
+// sample unlike its row -- runs the radix select of topk_radix.cuh for that
+// row, in the same block and the same shared memory. Always correct, slower.
 //
 // Per-row lengths: both reads walk the row's first len elements only. A row
 // shorter than k has fewer than k non-empty groups, so T = 0 and all of its
@@ -191,9 +199,13 @@ struct CompactAtLeast {
 // of two share none (the select phase measured the same, 3-6 us per row).
 // hist: kThresholdSelectPasses * kThresholdSelectBins u32. a[] must be
 // written and visible (a barrier before the call); ends with a barrier.
+// k_most > k asks for any value v with k <= #(a >= v) <= k_most instead (a
+// sampled threshold's window): the select stops at the first bucket holding
+// the k-th largest with at most k_most values at or above its floor, and
+// returns that floor (its digits, zeros below): fewer passes, no minimum.
 template <int kThreads>
 __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, uint32_t* hist,
-                                      ThresholdShared& ts) {
+                                      ThresholdShared& ts, uint32_t k_most = 0) {
   const int tid = int(threadIdx.x);
   for (int i = tid; i < kThresholdSelectPasses * kThresholdSelectBins; i += kThreads) hist[i] = 0;
   if (tid == 0) ts.t_min = ~0ull;
@@ -222,6 +234,9 @@ __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, 
     prefix |= uint64_t(ts.pick.digit) << shift;
     k_left -= ts.pick.above;
     hs = shift;
+    // (k - k_left values lie above the bucket.) Nothing writes ts before
+    // the next call's barriers, so returning here is safe.
+    if (k_most > k && k - k_left + ts.pick.count <= k_most) return prefix;  // uniform
     if (ts.pick.count == k_left || shift == 0) break;  // uniform
   }
   // Every element of the chosen bucket is among the k largest: the k-th
@@ -261,15 +276,15 @@ JAX_TOPK_UNROLL
   return t;
 }
 
-// Steps 1-2 with a sample (threshold_sample_rank in topk_dispatch.h): the G
-// = kThreads * kR packed elements of G / 32 chunks of 32 consecutive
-// elements spread evenly over in[0:len) into a[0:G) (chunk q * warps + w is
-// warp w's q-th load, a lane per element), and T = the rank-th largest of
-// them; zeroes ts.candidates. len >= G (the dispatch's ratio). Ends with a
-// barrier.
+// Steps 1-2 with a sample (threshold_sample in topk_dispatch.h): the G =
+// kThreads * kR packed elements of G / 32 chunks of 32 consecutive elements
+// spread evenly over in[0:len) into a[0:G) (chunk q * warps + w is warp w's
+// q-th load, a lane per element), and T with between rank and most of them
+// at or above it; zeroes ts.candidates. len >= G (the dispatch's ratio).
+// Ends with a barrier.
 template <typename U, int kThreads, int kR>
-__device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, KeyCodec<U> codec, uint64_t* a,
-                                           uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
+__device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, uint32_t most, KeyCodec<U> codec,
+                                           uint64_t* a, uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
   static_assert(kThreads % kWarpSize == 0 && kThresholdSampleChunk == kWarpSize, "a warp loads a chunk");
   constexpr int kWarps = kThreads / kWarpSize;
   constexpr int kChunks = kWarps * kR;
@@ -286,7 +301,7 @@ JAX_TOPK_UNROLL
   if (tid == 0) ts.candidates = 0;
   __syncthreads();
   timer.mark(kThresholdPhaseMaxima);
-  const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts);
+  const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts, most);
   timer.mark(kThresholdPhaseSelect);
   return t;
 }
@@ -372,7 +387,7 @@ inline constexpr int kThresholdMinBlocksPerSm = kUnroll > kRadixUnroll<U> ? 1 : 
 template <typename U, int kThreads, int kR, int kUnroll>
 __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThreads, kUnroll>))
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
-                                        int64_t k, int index_bits, uint32_t sample_rank,
+                                        int64_t k, int index_bits, ThresholdSample sample,
                                         KeyCodec<U> codec, RowLengths<U> lengths,
                                         U* __restrict__ values, int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
@@ -394,10 +409,11 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // 32 bits (n < 2^31): one register less through both walks (sm_100
     // spilled with a 64-bit length).
     const int len = int(lengths.of_loaded(row, n));
-    // 1-2. T from a sample of the row (sample_rank > 0: whole rows only, the
+    // 1-2. T from a sample of the row (sample.rank > 0: whole rows only, the
     // host's choice; the row is then read once) or from its group maxima.
-    const bool sampled = sample_rank > 0;
-    const P t = sampled ? threshold_from_samples<U, kThreads, kR>(in, len, sample_rank, codec, a, hist, ts, timer)
+    const bool sampled = sample.rank > 0;
+    const P t = sampled ? threshold_from_samples<U, kThreads, kR>(in, len, uint32_t(sample.rank),
+                                                                  uint32_t(sample.most), codec, a, hist, ts, timer)
                         : threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts,
                                                                                 timer);
     // 3. Candidates >= T: at least k of them from group maxima; from a

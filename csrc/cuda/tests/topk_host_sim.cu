@@ -565,7 +565,7 @@ void check_block_sort(std::mt19937_64& rng) {
 // Mirror of block_kth_largest: 8-bit digits from the highest bit where the
 // values differ, stop when the chosen bucket is exactly what is still needed
 // (or the digits run out, for repeated zeros), answer = the bucket's minimum.
-uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes) {
+uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes, uint32_t k_most = 0) {
   const uint64_t lo = *std::min_element(a.begin(), a.end());
   const uint64_t hi = *std::max_element(a.begin(), a.end());
   *passes = 0;
@@ -610,6 +610,7 @@ uint64_t sim_kth_largest(const std::vector<uint64_t>& a, uint32_t k, int* passes
     prefix |= uint64_t(digit) << shift;
     k_left -= above_sel;
     hs = shift;
+    if (k_most > k && k - k_left + count_sel <= k_most) return prefix;
     if (count_sel == k_left || shift == 0) break;
   }
   uint64_t m = ~0ull;
@@ -623,6 +624,7 @@ int g_threshold_paths[3] = {0, 0, 0};  // 1: candidates sorted, 2: radix fallbac
 int64_t g_threshold_max_ratio_x100 = 0;
 int g_threshold_sampled[2] = {0, 0};  // rows whose sampled T was kept, missed
 int64_t g_threshold_sampled_max_c = 0;  // most candidates of a kept sampled T, random rows
+int g_threshold_sample_passes[9] = {};  // sampled selects by passes
 int g_threshold_sorted = 0;  // rows whose candidates took the bitonic fallback of the rank  // worst candidates / k (x100) on the sorted path, random rows
 
 template <KeyKind Kind, typename U, int kThreads, int kR>
@@ -646,10 +648,10 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
     for (int64_t i = 0; i < len; ++i) c += packed(i) >= t;
     return c;
   };
-  // 0. A sampled threshold (whole rows; the host's threshold_sample_rank):
+  // 0. A sampled threshold (whole rows; the host's threshold_sample):
   // kept when it leaves k..G candidates, else the radix select.
-  const int rank = len == n ? threshold_sample_rank(n, k, kG) : 0;
-  if (rank > 0) {
+  const ThresholdSample window = len == n ? threshold_sample(n, k, kG) : ThresholdSample{0, 0};
+  if (window.rank > 0) {
     constexpr int kChunks = kG / kThresholdSampleChunk;
     std::vector<P> sample;
     for (int c = 0; c < kChunks; ++c) {
@@ -658,10 +660,10 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
       for (int l = 0; l < kThresholdSampleChunk; ++l) sample.push_back(packed(start + l));
     }
     int passes = 0;
-    const P t = sim_kth_largest(sample, uint32_t(rank), &passes);
-    std::vector<P> sorted_sample = sample;
-    std::sort(sorted_sample.begin(), sorted_sample.end(), std::greater<P>());
-    if (t != sorted_sample[size_t(rank - 1)]) return false;
+    const P t = sim_kth_largest(sample, uint32_t(window.rank), &passes, uint32_t(window.most));
+    g_threshold_sample_passes[std::min(passes, 8)]++;
+    const int64_t at_least_t = std::count_if(sample.begin(), sample.end(), [&](P e) { return e >= t; });
+    if (at_least_t < window.rank || at_least_t > window.most) return false;
     const int64_t c = count_at_least(t);
     if (c >= k && c <= kG) {
       ++g_threshold_sampled[0];
@@ -947,7 +949,7 @@ void run_width(std::mt19937_64& rng) {
     }
     const int64_t slots = int64_t(kThresholdWideThreads) * threshold_slots(k, int(sizeof(U)), kThresholdWideThreads);
     const int64_t chunks = slots / kThresholdSampleChunk;
-    if (threshold_sample_rank(n, k, slots) == 0) continue;  // narrow keys: more slots, too few per sample
+    if (threshold_sample(n, k, slots).rank == 0) continue;  // narrow keys: more slots, too few per sample
     for (bool chunks_high : {true, false}) {
       std::vector<U> row(static_cast<size_t>(n));
       std::vector<char> sampled(static_cast<size_t>(n), 0);
@@ -989,6 +991,8 @@ int main() {
               double(g_threshold_max_ratio_x100) / 100.0);
   std::printf("threshold samples: kept %d, missed (radix select) %d; most candidates of a kept sample on random rows: %lld\n",
               g_threshold_sampled[0], g_threshold_sampled[1], (long long)g_threshold_sampled_max_c);
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  std::printf("sampled selects by passes:");
+  for (int p = 0; p < 9; ++p) std::printf(" %d:%d", p, g_threshold_sample_passes[p]);
+  std::printf("\n%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

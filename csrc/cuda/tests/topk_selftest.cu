@@ -731,7 +731,7 @@ void run_suite(bool quick, bool big) {
       }
     }
     run_one(d, narrow_rows - 1, 8192, 64, Pattern::kGaussian);  // just below: wide blocks
-    // Sampled thresholds (whole rows of at least threshold_sample_rank's
+    // Sampled thresholds (whole rows of at least threshold_sample's
     // length; rows with lengths take the group maxima): random, tied,
     // sorted and special rows, and rows made against the sample, whose T
     // leaves too few or too many candidates (the radix select takes them).
@@ -743,7 +743,7 @@ void run_suite(bool quick, bool big) {
                                      {narrow_rows, 8192, kThresholdNarrowMaxK}}) {
       const int threads = threshold_block_threads(rows, k, sm);
       g_sample_slots = int64_t(threads) * jax_topk::cuda::threshold_slots(k, dtype_bytes(d), threads);
-      if (threshold_sample_rank(n, k, g_sample_slots) == 0) {  // narrower keys: more slots
+      if (threshold_sample(n, k, g_sample_slots).rank == 0) {  // narrower keys: more slots
         if (d != DType::float32) continue;
         std::printf("FAIL the sampled-threshold case %lldx%lld k%lld (%d-byte keys) takes no sample\n",
                     (long long)rows, (long long)n, (long long)k, dtype_bytes(d));

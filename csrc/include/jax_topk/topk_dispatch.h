@@ -127,7 +127,7 @@ inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
 // that for a fraction of the bytes: the block's G group slots hold G packed
 // elements taken in chunks of kThresholdSampleChunk consecutive elements (one
 // coalesced load per warp) spread evenly over the row, and T is the r-th
-// largest of them, r from threshold_sample_rank. The row is then read once,
+// largest of them, r from threshold_sample. The row is then read once,
 // by the compaction, which counts the elements >= T: at least k (the top k
 // are all there) and at most G (the rank's capacity) and the row is done;
 // otherwise (a sample unlike its row: periodic or clustered values) the row
@@ -163,11 +163,19 @@ constexpr double constexpr_sqrt(double x) {
   return r;
 }
 
-// The sample rank r for a whole row of n, k and a block of `samples` group
-// slots (also the candidates' capacity); 0: no sampled threshold.
-constexpr int threshold_sample_rank(int64_t n, int64_t k, int64_t samples) {
-  if (samples < 2 * kThresholdSampleChunk || samples % kThresholdSampleChunk != 0) return 0;
-  if (n < kThresholdSampleMinN || n < kThresholdSampleMinRatio * samples || k <= 0) return 0;
+// Where T may lie among the samples for a whole row of n, k and a block of
+// `samples` group slots (also the candidates' capacity): at or below the
+// rank-th largest (enough candidates) and at or above the most-th (not too
+// many), rank <= most. The block's select stops at the first bucket that
+// satisfies both (block_kth_largest's k_most). {0, 0}: no sampled threshold.
+struct ThresholdSample {
+  int rank;
+  int most;
+};
+constexpr ThresholdSample threshold_sample(int64_t n, int64_t k, int64_t samples) {
+  constexpr ThresholdSample kNone{0, 0};
+  if (samples < 2 * kThresholdSampleChunk || samples % kThresholdSampleChunk != 0) return kNone;
+  if (n < kThresholdSampleMinN || n < kThresholdSampleMinRatio * samples || k <= 0) return kNone;
   const double per = double(n) / double(samples);  // row elements per sample
   const double z = kThresholdSampleSigmas * constexpr_sqrt(1.0 + 1.0 / per);
   // per (r - z sqrt(r)) >= k  <=>  sqrt(r) >= (z + sqrt(z^2 + 4 k / per)) / 2
@@ -175,9 +183,11 @@ constexpr int threshold_sample_rank(int64_t n, int64_t k, int64_t samples) {
   const int64_t r_iid = int64_t(root * root) + 1;
   const int64_t r_tied = int64_t(double(k) / per) + kThresholdSampleChunk + 1;
   const int64_t r = r_iid > r_tied ? r_iid : r_tied;
-  if (r > samples) return 0;
-  const double high = per * (double(r) + z * constexpr_sqrt(double(r)));
-  return high <= double(samples) ? int(r) : 0;
+  // per (m + z sqrt(m)) <= samples  <=>  sqrt(m) <= (sqrt(z^2 + 4 samples / per) - z) / 2
+  const double most_root = 0.5 * (constexpr_sqrt(z * z + 4.0 * double(samples) / per) - z);
+  int64_t most = int64_t(most_root * most_root);
+  if (most > samples) most = samples;
+  return r <= most ? ThresholdSample{int(r), int(most)} : kNone;
 }
 
 // Sample chunks on a row of len >= chunks * kThresholdSampleChunk elements
