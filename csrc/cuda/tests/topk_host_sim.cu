@@ -654,8 +654,9 @@ bool sim_threshold_r(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
   if (window.rank > 0) {
     constexpr int kChunks = kG / kThresholdSampleChunk;
     std::vector<P> sample;
+    const uint64_t step = threshold_sample_step(kChunks, len);
     for (int c = 0; c < kChunks; ++c) {
-      const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(kChunks, len));
+      const int64_t start = threshold_sample_chunk_start(c, step);
       if (start < 0 || start + kThresholdSampleChunk > len) return false;
       for (int l = 0; l < kThresholdSampleChunk; ++l) sample.push_back(packed(start + l));
     }
@@ -953,8 +954,9 @@ void run_width(std::mt19937_64& rng) {
     for (bool chunks_high : {true, false}) {
       std::vector<U> row(static_cast<size_t>(n));
       std::vector<char> sampled(static_cast<size_t>(n), 0);
+      const uint64_t step = threshold_sample_step(chunks, n);
       for (int64_t c = 0; c < chunks; ++c) {
-        const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(chunks, n));
+        const int64_t start = threshold_sample_chunk_start(c, step);
         for (int l = 0; l < kThresholdSampleChunk; ++l) sampled[size_t(start + l)] = 1;
       }
       constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));

@@ -227,8 +227,9 @@ void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t 
       // reverse (more than G). Either way the row takes the radix select.
       const int64_t chunks = g_sample_slots / kThresholdSampleChunk;
       std::vector<char> sampled(size_t(n), 0);
+      const uint64_t step = chunks >= 2 ? threshold_sample_step(chunks, n) : 0;
       for (int64_t c = 0; chunks >= 2 && c < chunks; ++c) {
-        const int64_t start = threshold_sample_chunk_start(c, threshold_sample_step(chunks, n));
+        const int64_t start = threshold_sample_chunk_start(c, step);
         for (int64_t l = 0; l < kThresholdSampleChunk && start + l < n; ++l) sampled[size_t(start + l)] = 1;
       }
       constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
