@@ -191,7 +191,17 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["register_rows_max_k"] = jax_topk::kRegisterRowsMaxK;
         t["register_rows_min_k"] = jax_topk::kRegisterRowsMinK;
         t["threshold_sample_min_n"] = jax_topk::kThresholdSampleMinN;  // whole rows from here may take a sampled T
+        t["cluster_bins_min_n"] = jax_topk::kClusterBinsMinLen;
+        t["cluster_bins_max_n"] = jax_topk::kClusterBinsMaxLen;
+        t["cluster_bins_max_k"] = jax_topk::kClusterBinsMaxK;
         d["topk_thresholds"] = t;
+        // The cluster kernel's sampled bins: where few rows take it (clusters
+        // of at least two blocks within sm_share of the SMs), and its sample
+        // (element i * n / samples of a whole row, i < samples).
+        nb::dict bins;
+        bins["sm_share"] = jax_topk::kClusterBinsSmShare;
+        bins["samples"] = jax_topk::kClusterBinSamples;
+        d["topk_cluster_bins"] = bins;
         // Thresholds on rows per SM (the tests multiply by the device's SMs).
         nb::dict per_sm;
         per_sm["threshold_narrow_min"] = jax_topk::kThresholdNarrowMinRowsPerSm;

@@ -167,6 +167,37 @@ def test_threshold_sampled_rows(rows, n, k, rng):
                           lengths=user_lengths(rows, n, k, rng))
 
 
+def test_cluster_bins_boundary(rng):
+    # Few rows of cluster_bins_min_n..cluster_bins_max_n take a cluster of
+    # blocks per row and its sampled bins while clusters of two blocks fit in
+    # sm_share of the SMs; one row more, the threshold kernel. Rows made
+    # against the sample (its elements high: no threshold reaches k; low: one
+    # bin holds most of the row) and all-equal rows take the radix select in
+    # the same kernel.
+    build = jax_topk.info()["platforms"]["cuda"]["build"]
+    sms = getattr(GPU, "core_count", None)
+    if not sms or "topk_cluster_bins" not in build:
+        pytest.skip("the SM count or the cluster bins are not reported")
+    bins, limits = build["topk_cluster_bins"], build["topk_thresholds"]
+    rows_most = int(bins["sm_share"] * sms) // 2
+    for n in (limits["cluster_bins_min_n"], 8000, limits["cluster_bins_max_n"]):
+        for rows in (1, rows_most, rows_most + 1):
+            for k in (1, 64, 511, limits["cluster_bins_max_k"], limits["cluster_bins_max_k"] + 1):
+                if k > n:
+                    continue
+                for kind in ("random", "ties"):
+                    assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
+            assert_gpu_equals_cpu(make_input("special", (rows, n), "bfloat16", rng), 300,
+                                  lengths=user_lengths(rows, n, 300, rng))
+        sampled = np.zeros(n, dtype=bool)
+        sampled[np.arange(bins["samples"]) * n // bins["samples"]] = True
+        noise = make_input("random", (3, n), "float32", rng)
+        for high in (True, False):
+            x = np.where(sampled == high, noise + 100.0, noise).astype(np.float32)
+            assert_gpu_equals_cpu(x, 511, check_oracle=True)
+        assert_gpu_equals_cpu(make_input("equal", (3, n), "float32", rng), 511, check_oracle=True)
+
+
 def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
     assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)

@@ -383,31 +383,21 @@ gpuError_t launch_threshold(const DeviceInfo& dev, const U* x, U* values, int32_
   }
 }
 
-// kClusterRows: a cluster of cluster_blocks_per_row(n) blocks per row.
+// kClusterRows: a cluster of cluster_blocks_per_row(rows, n, SMs) blocks per row.
 template <typename U>
 gpuError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                 int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
                                 RowLengths<U> lengths, gpuStream_t stream) {
 #if defined(JAX_TOPK_HAS_CLUSTERS)
   if constexpr (sizeof(U) <= 4) {
-    const int blocks = cluster_blocks_per_row(n);
+    const int blocks = cluster_blocks_per_row(rows, n, dev.sm_count);
     if (rows * blocks > INT_MAX) return gpuErrorInvalidValue;
     auto kernel = cluster_topk_rows_kernel<U>;
     const size_t smem = cluster_smem_bytes<U>(cluster_chunk<U>(n, blocks), k);
     gpuError_t err = allow_dynamic_smem(dev, kernel, smem);
     if (err != gpuSuccess) return err;
     cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = unsigned(blocks);
-    attribute.val.clusterDim.y = 1;
-    attribute.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(rows * blocks));
-    config.blockDim = dim3(kClusterThreads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    const cudaLaunchConfig_t config = cluster_launch_config(rows, blocks, smem, stream, &attribute);
     return cudaLaunchKernelEx(&config, kernel, x, n, k, codec, lengths, values, indices);
   }
 #endif

@@ -23,17 +23,24 @@
 // Two cluster barriers plus one per select pass, instead of the threshold
 // kernel's second read of the row and the split-row kernel's launch per pass.
 //
+// Rows of kClusterBinsMinLen..kClusterBinsMaxLen (k < len) try sampled
+// bins first (cluster_topk_by_bins; the method is in topk_dispatch.h): one
+// count over bins cut by a sample of the row, two cluster barriers in all,
+// each candidate ranked within its bin. A row the sample does not fit takes
+// the radix select above.
+//
 // Per-row lengths: the row's first len elements are split over the C blocks
 // (chunk = ceil(len / C), rounded up to a 16-byte vector), so short rows of a
 // ragged batch still use the whole cluster. Rows with len <= k select all.
 #pragma once
+
+#include "cuda/primitives.cuh"  // gpu_compat.h: JAX_TOPK_HAS_CLUSTERS
 
 #if defined(JAX_TOPK_HAS_CLUSTERS)
 #include <cooperative_groups.h>
 #endif
 
 #include "cuda/block_rank.cuh"
-#include "cuda/primitives.cuh"
 #include "cuda/topk_bitonic.cuh"
 #include "jax_topk/topk_dispatch.h"
 
@@ -54,27 +61,57 @@ JAX_TOPK_HOST_DEVICE constexpr int64_t cluster_chunk(int64_t len, int blocks) {
   return (per + kVec - 1) / kVec * kVec;
 }
 
+// Candidate slots of a block: the radix select's candidates (next_pow2(k):
+// the fallback sort pads them to a power of two) and the rank's bucket spans
+// (k) after them; the sampled bins' candidates (fewer than k plus one bin)
+// in the same words.
+JAX_TOPK_HOST_DEVICE constexpr int64_t cluster_candidate_slots(int64_t k) {
+  const int64_t radix = next_pow2(k) + k, bins = k + kClusterBinMaxMembers;
+  return radix > bins ? radix : bins;
+}
+
 // Dynamic shared memory: the two histogram buffers (read by the other
-// blocks), the rank's buckets, the keys of the chunk
-// (chunk_capacity elements), the candidates (next_pow2(k): the fallback sort
-// pads them to a power of two) and the rank's bucket spans (k).
+// blocks), the rank's buckets, the keys of the chunk (chunk_capacity
+// elements) and the candidate slots.
 template <typename U>
 JAX_TOPK_HOST_DEVICE constexpr size_t cluster_smem_bytes(int64_t chunk_capacity, int64_t k) {
   const size_t words = size_t(2 * kClusterBins + kRankBuckets) * sizeof(uint32_t);
   const size_t keys = (size_t(chunk_capacity) * sizeof(U) + 15) / 16 * 16;
-  return words + keys + (size_t(next_pow2(k)) + size_t(k)) * sizeof(uint64_t);
+  return words + keys + size_t(cluster_candidate_slots(k)) * sizeof(uint64_t);
 }
+
+#if defined(JAX_TOPK_HAS_CLUSTERS)
+// The launch of cluster_topk_rows_kernel for `rows` rows on clusters of
+// `blocks` (the launcher's, and the self-test's occupancy query).
+// `attribute` is the cluster dimension the config points to.
+inline cudaLaunchConfig_t cluster_launch_config(int64_t rows, int blocks, size_t smem, cudaStream_t stream,
+                                                cudaLaunchAttribute* attribute) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = unsigned(blocks);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(rows * blocks));
+  config.blockDim = dim3(kClusterThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+#endif
 
 // Phases of the kernel, as PhaseTimer slots (-DJAX_TOPK_PHASE_TIMING; the
 // self-test prints the sum over a row's C blocks).
 enum ClusterPhase : int {
-  kClusterPhaseLoad = 0,       // the chunk into shared memory
-  kClusterPhaseSelect = 1,     // the radix passes
+  kClusterPhaseLoad = 0,       // the chunk (and the bins' sample) into shared memory
+  kClusterPhaseSelect = 1,     // the radix passes' digit choices; the bins' sums
   kClusterPhaseBroadcast = 2,  // candidates to every block, the last barrier
-  kClusterPhaseRank = 3,       // rank the slice, write
-  kClusterPhaseCount = 4,      // the passes' histogram loops
-  kClusterPhaseWait = 5,       // the passes' cluster barriers
-  kClusterPhaseRemote = 6,     // the candidates' copies and the last barrier
+  kClusterPhaseRank = 3,       // rank the slice (the owned bins), write
+  kClusterPhaseCount = 4,      // the histogram loops (passes or bins)
+  kClusterPhaseWait = 5,       // the passes' cluster barriers; the bins' first
+  kClusterPhaseRemote = 6,     // the candidates' copies (scatter) and the last barrier
+  kClusterPhaseBins = 7,       // the bins' sample ranks and thresholds
 };
 
 struct ClusterTopkShared {
@@ -135,6 +172,235 @@ JAX_TOPK_UNROLL
   }
 }
 
+// --- Sampled bins (rows that cluster_bins_fit; the method is described in
+// topk_dispatch.h) ---------------------------------------------------------
+static_assert(kClusterThreads == 4 * kClusterBinSamples, "four threads rank each sample");
+static_assert(kClusterBinSamples % 64 == 0, "a quarter of the sample is whole 16-byte vectors");
+static_assert(kClusterBinThresholds == 4 * kWarpSize, "one warp sums the bins, four a lane");
+static_assert(kClusterThreads >= kClusterBinThresholds, "a thread per threshold");
+
+struct ClusterBinShared {
+  alignas(16) uint64_t sample[kClusterBinSamples];  // the sample: key << 32 | ~(sample index)
+  alignas(16) uint32_t hist[kClusterBinThresholds];  // this block's elements per bin (read by the others)
+  uint32_t sorted[kClusterBinSamples];               // the sample's keys by rank (0: the largest)
+  uint32_t thresholds[kClusterBinThresholds];        // keys, descending
+  uint32_t cursor[kClusterBinThresholds];            // this block's candidates placed, per bin
+  uint32_t before[kClusterBinThresholds];            // the bin's elements in the blocks before this one
+  uint32_t base[kClusterBinThresholds + 1];          // the bin's first slot: the candidates above it
+  ClusterBinLayout layout;                           // where the thresholds come from
+  uint32_t last_bin;                                 // the bin where the count reaches k
+  uint32_t ok;                                       // the bins select this row
+};
+
+// Calls f(key, i, bin) for every key of keys[0:count) at or above floor_key
+// (one of the thresholds, descending), bin = the number of thresholds above
+// the key (0 .. kClusterBinThresholds - 1). The binary searches of four keys
+// run in lockstep: their shared-memory loads overlap.
+template <typename U, typename F>
+__device__ JAX_TOPK_FORCE_INLINE void for_each_binned_key(const U* keys, int count, uint32_t floor_key,
+                                                          const uint32_t* thresholds, F&& f) {
+  constexpr int kVec = int(16 / sizeof(U)), kGroup = kVec < 4 ? kVec : 4;
+  const uint4* vecs = reinterpret_cast<const uint4*>(keys);
+  const int nvec = (count + kVec - 1) / kVec;
+  for (int v = int(threadIdx.x); v < nvec; v += kClusterThreads) {
+    Vec16<U> data;
+    data.raw = vecs[v];
+JAX_TOPK_UNROLL
+    for (int g = 0; g < kVec; g += kGroup) {
+      uint32_t key[kGroup];
+      bool in[kGroup];
+      bool any = false;
+      int bin[kGroup];
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kGroup; ++e) {
+        key[e] = uint32_t(data.elems[g + e]);
+        in[e] = v * kVec + g + e < count && key[e] >= floor_key;
+        any |= in[e];
+        bin[e] = 0;
+      }
+      if (!any) continue;
+JAX_TOPK_UNROLL
+      for (int half = kClusterBinThresholds / 2; half > 0; half /= 2) {
+JAX_TOPK_UNROLL
+        for (int e = 0; e < kGroup; ++e) {
+          if (thresholds[bin[e] + half - 1] > key[e]) bin[e] += half;
+        }
+      }
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kGroup; ++e) {
+        if (in[e]) f(key[e], v * kVec + g + e, bin[e]);
+      }
+    }
+  }
+}
+
+// The sample sorted: sample i is ranked by threads 4i..4i+3 (one quarter of
+// the sample each); its rank is the number of samples above it in (key,
+// lower index first) order, so the ranks are a permutation and each slot of
+// bs.sorted has one writer.
+__device__ JAX_TOPK_FORCE_INLINE void cluster_sort_sample(ClusterBinShared& bs) {
+  constexpr int kQuarter = kClusterBinSamples / 4, kVecs = kQuarter / 2;  // 16-byte vectors of two samples
+  const int tid = int(threadIdx.x);
+  const int i = tid >> 2, q = tid & 3;
+  const uint64_t v = bs.sample[i];
+  const uint4* quarter = reinterpret_cast<const uint4*>(bs.sample + q * kQuarter);
+  uint32_t rank = 0;
+JAX_TOPK_UNROLL
+  for (int u = 0; u < kVecs; ++u) {
+    // Rotated by quarter: the four quarters' loads of a warp fall in
+    // different banks.
+    const uint4 c = quarter[(u + 2 * q) % kVecs];
+    rank += (uint64_t(c.y) << 32 | c.x) > v ? 1u : 0u;
+    rank += (uint64_t(c.w) << 32 | c.z) > v ? 1u : 0u;
+  }
+  rank += warp_shfl_xor(rank, 1);
+  rank += warp_shfl_xor(rank, 2);
+  if (q == 0) bs.sorted[rank] = uint32_t(v >> 32);
+}
+
+// Threshold `slot` (thread slot < kClusterBinThresholds, after
+// cluster_sort_sample and a barrier), as cluster_bin_layout describes.
+__device__ JAX_TOPK_FORCE_INLINE uint32_t cluster_bin_threshold(const ClusterBinShared& bs, int slot) {
+  const ClusterBinLayout l = bs.layout;
+  const uint32_t top = bs.sorted[0];
+  if (slot < kClusterBinsAboveSample) {
+    // Doubling steps above the largest sample: 2g .. 256g, g the mean gap
+    // between the top per_gap sampled ranks.
+    const uint32_t below = bs.sorted[min_of(l.per_gap * l.rank_step, kClusterBinSamples - 1)];
+    const uint64_t step = max_of((top - below) / uint32_t(l.per_gap), 1u);
+    return uint32_t(min_of<uint64_t>(uint64_t(top) + (step << (kClusterBinsAboveSample - slot)), 0xffffffffu));
+  }
+  const int u = min_of(slot - kClusterBinsAboveSample, l.ranks * l.per_gap - 1);
+  const int j = u / l.per_gap, part = u % l.per_gap;
+  const int rank = min_of(j * l.rank_step, l.lowest);
+  const int next = j + 1 < l.ranks ? min_of((j + 1) * l.rank_step, l.lowest)
+                                   : min_of(l.lowest + 1, kClusterBinSamples - 1);
+  // a - floor((a - b) part / per_gap) in 32-bit arithmetic.
+  const uint32_t a = bs.sorted[rank], gap = a - bs.sorted[next], q = uint32_t(l.per_gap);
+  return a - (gap / q * uint32_t(part) + gap % q * uint32_t(part) / q);
+}
+
+#if defined(JAX_TOPK_HAS_CLUSTERS)
+// Warp 0, after the first cluster barrier: the cluster's count per bin (lane
+// l sums bins 4l..4l+3 over the blocks), the bins' first slots, the bin
+// where the count reaches k_eff, and whether the bins select the row.
+__device__ JAX_TOPK_FORCE_INLINE void cluster_sum_bins(const cooperative_groups::cluster_group& cluster,
+                                                       int blocks, int me, uint32_t k_eff, uint32_t slots,
+                                                       ClusterBinShared& bs) {
+  const int lane = lane_id();
+  uint4 of_block[kClusterMaxBlocks];  // all C loads in flight before the first use
+JAX_TOPK_UNROLL
+  for (int b = 0; b < kClusterMaxBlocks; ++b) {
+    of_block[b] = b < blocks ? reinterpret_cast<const uint4*>(cluster.map_shared_rank(bs.hist, b))[lane]
+                             : make_uint4(0u, 0u, 0u, 0u);
+  }
+  uint32_t total[4] = {0, 0, 0, 0}, before[4] = {0, 0, 0, 0};
+JAX_TOPK_UNROLL
+  for (int b = 0; b < kClusterMaxBlocks; ++b) {
+    const uint32_t bins[4] = {of_block[b].x, of_block[b].y, of_block[b].z, of_block[b].w};
+JAX_TOPK_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      total[e] += bins[e];
+      before[e] += b < me ? bins[e] : 0u;
+    }
+  }
+  // through[e]: the row's elements at or above threshold 4 lane + e.
+  uint32_t through[4];
+  const uint32_t quad = total[0] + total[1] + total[2] + total[3];
+  through[3] = warp_inclusive_sum(quad, lane);
+  through[0] = through[3] - quad + total[0];
+  through[1] = through[0] + total[1];
+  through[2] = through[1] + total[2];
+JAX_TOPK_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    bs.base[4 * lane + e] = through[e] - total[e];
+    bs.before[4 * lane + e] = before[e];
+  }
+  if (lane == kWarpSize - 1) bs.base[kClusterBinThresholds] = through[3];
+  const unsigned reach = warp_ballot(through[3] >= k_eff);
+  const int at = reach != 0 ? __ffs(reach) - 1 : kWarpSize - 1;
+  uint32_t candidates = 0;  // at or above the last bin's threshold
+  int last_bin = 4 * at + 3;
+JAX_TOPK_UNROLL
+  for (int e = 3; e >= 0; --e) {
+    const uint32_t there = warp_shfl(through[e], at);
+    if (there >= k_eff) {
+      last_bin = 4 * at + e;
+      candidates = there;
+    }
+  }
+  uint32_t widest = 0;
+JAX_TOPK_UNROLL
+  for (int e = 0; e < 4; ++e) widest = max_of(widest, 4 * lane + e <= last_bin ? total[e] : 0u);
+  widest = warp_reduce_max(widest);
+  if (lane == 0) {
+    bs.last_bin = uint32_t(last_bin);
+    bs.ok = reach != 0 && widest <= uint32_t(kClusterBinMaxMembers) && candidates <= slots;
+  }
+}
+
+// The sampled-bins select and rank of one row (every block of the cluster,
+// bs.sample and bs.layout set and bs.hist / bs.cursor zeroed before a block
+// barrier).
+// Returns false, uniformly over the cluster, when the bins do not select the
+// row (the caller then runs the radix select; nothing was written but
+// shared memory). On true, out(packed, rank) has been called for each of
+// the row's top k_eff once, by the block owning its bin.
+template <typename U, typename Out>
+__device__ bool cluster_topk_by_bins(const cooperative_groups::cluster_group& cluster, int blocks, int me,
+                                     const U* keys, int count, int begin, int k_eff,
+                                     uint64_t* candidates, int slots, ClusterBinShared& bs, PhaseTimer& timer,
+                                     Out&& out) {
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  const int tid = int(threadIdx.x);
+  cluster_sort_sample(bs);
+  __syncthreads();
+  if (tid < kClusterBinThresholds) bs.thresholds[tid] = cluster_bin_threshold(bs, tid);
+  __syncthreads();
+  timer.mark(kClusterPhaseBins);
+  const uint32_t lowest = bs.thresholds[kClusterBinThresholds - 1];
+  for_each_binned_key<U>(keys, count, lowest, bs.thresholds,
+                         [&](uint32_t, int, int bin) { atomicAdd(&bs.hist[bin], 1u); });
+  timer.mark(kClusterPhaseCount);
+  cluster.sync();  // every block's histogram complete and visible
+  timer.mark(kClusterPhaseWait);
+  if (tid < kWarpSize) cluster_sum_bins(cluster, blocks, me, uint32_t(k_eff), uint32_t(slots), bs);
+  __syncthreads();
+  timer.mark(kClusterPhaseSelect);
+  if (!bs.ok) return false;  // uniform: every block summed the same histograms
+
+  // Each candidate into its bin's slots in the bin's owner (bin mod C).
+  const int last_bin = int(bs.last_bin);
+  const uint32_t floor_key = bs.thresholds[last_bin];
+  for_each_binned_key<U>(keys, count, floor_key, bs.thresholds, [&](uint32_t key, int i, int bin) {
+    const uint32_t slot = bs.base[bin] + bs.before[bin] + atomicAdd(&bs.cursor[bin], 1u);
+    cluster.map_shared_rank(candidates, bin % blocks)[slot] = Pack::pack(U(key), uint32_t(begin + i));
+  });
+  cluster.sync();  // every candidate in its owner's slots; no remote access after this
+  timer.mark(kClusterPhaseRemote);
+
+  // Rank the owned bins' members within their bin.
+  const uint32_t total = bs.base[last_bin + 1];
+  for (uint32_t m = uint32_t(tid); m < total; m += kClusterThreads) {
+    int bin = 0;  // the bin of slot m: the bins b >= 1 with base[b] <= m
+JAX_TOPK_UNROLL
+    for (int half = kClusterBinThresholds / 2; half > 0; half /= 2) {
+      if (bs.base[bin + half] <= m) bin += half;
+    }
+    if (bin % blocks != me) continue;
+    const P e = candidates[m];
+    const uint32_t first = bs.base[bin], end = bs.base[bin + 1];
+    uint32_t above = 0;
+#pragma unroll 8
+    for (uint32_t j = first; j < end; ++j) above += candidates[j] > e ? 1u : 0u;
+    if (first + above < uint32_t(k_eff)) out(e, int64_t(first + above));
+  }
+  timer.mark(kClusterPhaseRank);
+  return true;
+}
+#endif  // JAX_TOPK_HAS_CLUSTERS
+
 // One cluster of C blocks (the launch's cluster dimension) per row:
 // gridDim.x = rows * C. Dynamic shared memory: cluster_smem_bytes<U>(
 // cluster_chunk<U>(n, C), k).
@@ -165,13 +431,27 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
       reinterpret_cast<unsigned char*>(keys) + (size_t(cluster_chunk<U>(n, blocks)) * sizeof(U) + 15) / 16 * 16);
   P* spill = candidates + next_pow2(k);
   __shared__ ClusterTopkShared ss;
+  __shared__ ClusterBinShared bs;
   __shared__ uint32_t totals[kClusterBins];
   PhaseTimer timer;
+  U* values_row = values + row * k;
+  int32_t* indices_row = indices + row * k;
+  auto write_output = [&](P e, int64_t pos) {
+    write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos);
+  };
 
   // The chunk of block b: [b * chunk, b * chunk + count_of(b)).
   auto count_of = [&](int b) { return max_of(0, min_of(chunk, len - b * chunk)); };
   const int begin = me * chunk;
   const int count = count_of(me);
+  // The sampled bins' sample (uniform over the cluster: len is the row's),
+  // its loads in flight with the chunk's.
+  const bool by_bins = cluster_bins_fit(len, k);
+  uint32_t sample_key = 0;
+  if (by_bins && tid < kClusterBinSamples) {
+    sample_key = uint32_t(codec.key(x[row * n + int64_t(tid) * len / kClusterBinSamples]));
+  }
+  if (by_bins && tid == 0) bs.layout = cluster_bin_layout(len, k);  // while the loads fly
   load_chunk_keys<U>(x + row * n + begin, count, keys, codec);
   const int k_eff = int(min_of<int64_t>(k, len));
   if (tid < kClusterBins) hist[tid] = 0;
@@ -179,8 +459,18 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
     ss.above_of[tid] = 0;
     ss.bucket_of[tid] = 0;
   }
+  if (tid < kClusterBinThresholds) {
+    bs.hist[tid] = 0;
+    bs.cursor[tid] = 0;
+  }
+  if (tid < kClusterBinSamples) bs.sample[tid] = uint64_t(sample_key) << 32 | uint32_t(~tid);
   __syncthreads();
   timer.mark(kClusterPhaseLoad);
+
+  if (by_bins && cluster_topk_by_bins<U>(cluster, blocks, me, keys, count, begin, k_eff, candidates,
+                                         int(cluster_candidate_slots(k)), bs, timer, write_output)) {
+    return;  // k < len: no padding
+  }
 
   // 1. The select (uniform over the cluster: len is the row's).
   const bool select_all = k_eff == len;
@@ -302,25 +592,18 @@ JAX_TOPK_UNROLL
 
   // 4. Rank this block's slice of the candidates; pad slots [k_eff, k).
   const int64_t first = int64_t(k_eff) * me / blocks, last = int64_t(k_eff) * (me + 1) / blocks;
-  U* values_row = values + row * k;
-  int32_t* indices_row = indices + row * k;
-  const bool ranked = block_rank_desc<kClusterThreads>(
-      candidates, k_eff, int(first), int(last), spill, rank_bins, ss.rank,
-      [&](P e, int pos) { write_packed_output(e, codec, lengths.pad_bits, values_row, indices_row, pos); });
+  const bool ranked = block_rank_desc<kClusterThreads>(candidates, k_eff, int(first), int(last), spill,
+                                                       rank_bins, ss.rank, write_output);
   if (!ranked) {
     // A bucket too full to rank (values clustered far below a few outliers).
     const int sorted = int(next_pow2(k_eff));
     for (int i = k_eff + tid; i < sorted; i += kClusterThreads) candidates[i] = 0;
     block_bitonic_sort_desc(candidates, sorted);
-    for (int64_t j = first + tid; j < last; j += kClusterThreads) {
-      write_packed_output(candidates[j], codec, lengths.pad_bits, values_row, indices_row, j);
-    }
+    for (int64_t j = first + tid; j < last; j += kClusterThreads) write_output(candidates[j], j);
   }
   const int64_t pad_first = k_eff + (k - k_eff) * me / blocks;
   const int64_t pad_last = k_eff + (k - k_eff) * (me + 1) / blocks;
-  for (int64_t j = pad_first + tid; j < pad_last; j += kClusterThreads) {
-    write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
-  }
+  for (int64_t j = pad_first + tid; j < pad_last; j += kClusterThreads) write_output(P(0), j);
   timer.mark(kClusterPhaseRank);
 #else
   gpu_trap();  // the dispatcher sends this regime to CUDA sm_90 and newer only

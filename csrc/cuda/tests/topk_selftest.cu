@@ -13,7 +13,9 @@
 //                                   keeps the shapes whose "RxN kK" contains it;
 //                                   --regimes also times every other regime that
 //                                   holds the shape; the ragged batch of the sort
-//                                   issue is timed last)
+//                                   issue is timed last, by CUDA events and in a
+//                                   CUDA graph of 32 launches, with --regimes also
+//                                   its first rows and each row alone)
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
@@ -55,6 +57,7 @@
 #include "cuda/primitives.cuh"
 #include "cuda/sort_cuda.h"
 #include "cuda/topk_cuda.h"
+#include "cuda/topk_cluster.cuh"    // the cluster kernel's occupancy (--bench)
 #include "cuda/topk_threshold.cuh"  // threshold_slots: the sampled-threshold cases
 #include "jax_topk/dtypes.h"
 #include "jax_topk/keys.h"
@@ -86,8 +89,10 @@ int g_failed = 0;
 enum class Pattern { kRandomBits, kGaussian, kFewValues, kAllEqual, kSpecials, kAscending, kDescending,
                      kSampleHigh, kSampleLow };
 
-// Group slots (G) of the threshold kernel the kSampleHigh / kSampleLow rows
-// are made against: set with the cases that use them.
+// The sample the kSampleHigh / kSampleLow rows are made against, set with
+// the cases that use them: the threshold kernel's (g_sample_slots group
+// slots, in chunks) or, with g_sample_slots == 0, the cluster kernel's bins
+// (kClusterBinSamples single elements).
 int64_t g_sample_slots = 0;
 
 const char* pattern_name(Pattern p) {
@@ -221,12 +226,18 @@ void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t 
       break;
     case Pattern::kSampleHigh:
     case Pattern::kSampleLow: {
-      // The threshold kernel's sample of a row with g_sample_slots slots
-      // (threshold_sample_chunk_start): its chunks' elements high and the
-      // rest low (the sampled T leaves fewer than k candidates), or the
-      // reverse (more than G). Either way the row takes the radix select.
-      const int64_t chunks = g_sample_slots / kThresholdSampleChunk;
+      // The sampled elements of a whole row high and the rest low (the
+      // sampled T leaves fewer than k candidates; the bins reach k at no
+      // threshold), or the reverse (more candidates than the threshold
+      // kernel's G; one bin holds most of the row). Either way the row takes
+      // the kernel's radix select. The threshold kernel's sample
+      // (g_sample_slots slots) is in chunks (threshold_sample_chunk_start);
+      // the cluster kernel's bins take element i * n / kClusterBinSamples.
       std::vector<char> sampled(size_t(n), 0);
+      if (g_sample_slots == 0) {
+        for (int64_t i = 0; i < kClusterBinSamples; ++i) sampled[size_t(i * n / kClusterBinSamples)] = 1;
+      }
+      const int64_t chunks = g_sample_slots / kThresholdSampleChunk;
       const uint64_t step = chunks >= 2 ? threshold_sample_step(chunks, n) : 0;
       for (int64_t c = 0; chunks >= 2 && c < chunks; ++c) {
         const int64_t start = threshold_sample_chunk_start(c, step);
@@ -834,6 +845,33 @@ void run_suite(bool quick, bool big) {
         }
       }
       run_one(d, 2 * sm + 1, 3000, 100, Pattern::kGaussian);  // more clusters than fit at once
+      // The sampled bins (rows of kClusterBinsMinLen..kClusterBinsMaxLen):
+      // every pattern, lengths either side of the bins' bounds; the rows
+      // made against the bins' sample, all-equal and few-value rows take
+      // the radix select after the bins.
+      g_sample_slots = 0;
+      const std::vector<int64_t> bins_ns =
+          quick ? std::vector<int64_t>{kClusterBinsMinLen, 8000, kClusterBinsMaxLen}
+                : std::vector<int64_t>{kClusterBinsMinLen - 1, kClusterBinsMinLen, kClusterBinsMinLen + 1, 4097,
+                                       8000, kClusterBinsMaxLen, kClusterBinsMaxLen + 1};
+      const std::vector<int64_t> bins_ks =
+          quick ? std::vector<int64_t>{1, 64, 512, kClusterMaxK}
+                : std::vector<int64_t>{1, 2, 33, 64, 255, 512, 1000, 1023, kClusterMaxK};
+      for (int64_t n : bins_ns) {
+        for (int64_t k : bins_ks) {
+          if (k > n) continue;
+          for (Pattern p : {Pattern::kGaussian, Pattern::kSpecials, Pattern::kAscending, Pattern::kSampleHigh,
+                            Pattern::kSampleLow, Pattern::kAllEqual, Pattern::kRandomBits, Pattern::kDescending,
+                            Pattern::kFewValues}) {
+            if (quick && (p == Pattern::kRandomBits || p == Pattern::kDescending || p == Pattern::kFewValues)) {
+              continue;
+            }
+            run_one(d, 3, n, k, p, /*misaligned=*/p == Pattern::kSpecials);
+          }
+          run_lengths(d, 13, n, k, Pattern::kGaussian);
+        }
+      }
+      run_one(d, 2 * sm + 1, 8000, 512, Pattern::kGaussian);  // more clusters than fit at once
       g_topk_regime.reset();
       run_one(d, sm - 1, 8192, 512, Pattern::kGaussian);
       run_lengths(d, 31, 8000, 512, Pattern::kGaussian);
@@ -981,6 +1019,41 @@ double median_launch_us(Launch launch, int warmup, int timed) {
   return median(times);
 }
 
+// Per-launch time of `reps` launches captured in one CUDA graph and replayed
+// (launch(i, stream)): no host launch cost, as in a jitted JAX executable
+// (XLA's command buffers), where the kernel's own span is what counts.
+template <typename Launch>
+double graph_launch_us(Launch launch, int reps) {
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; ++i) launch(i, stream);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) launch(i, stream);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  constexpr int kReplays = 5;
+  CHECK_CUDA(cudaEventRecord(e0, stream));
+  for (int r = 0; r < kReplays; ++r) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaEventRecord(e1, stream));
+  CHECK_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return double(ms) * 1e3 / double(kReplays * reps);
+}
+
 double measure_copy_bandwidth() {
   const size_t bytes = size_t(512) << 20;
   void *a = nullptr, *b = nullptr;
@@ -1029,6 +1102,28 @@ constexpr TopkRegime kComparedRegimes[] = {TopkRegime::kRegisterRows, TopkRegime
                                            TopkRegime::kThresholdStream,
                                            TopkRegime::kClusterRows, TopkRegime::kRadixSplitRow};
 
+// How many clusters of the cluster kernel are resident at once, for rows of
+// n and k and each cluster size (the kernel's waves; asked of this
+// translation unit's instantiation of the same kernel).
+void print_cluster_occupancy(int64_t n, int64_t k) {
+#if defined(JAX_TOPK_HAS_CLUSTERS)
+  if (!g_has_clusters) return;
+  auto kernel = jax_topk::cuda::cluster_topk_rows_kernel<uint32_t>;
+  std::printf("cluster kernel, rows of %lld, k %lld: resident clusters", (long long)n, (long long)k);
+  for (int blocks : {1, 2, 3, 4, 8}) {
+    const size_t smem =
+        jax_topk::cuda::cluster_smem_bytes<uint32_t>(jax_topk::cuda::cluster_chunk<uint32_t>(n, blocks), k);
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = jax_topk::cuda::cluster_launch_config(64, blocks, smem, 0, &attribute);
+    int clusters = 0;
+    CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    std::printf("  %d of %d blocks", clusters, blocks);
+  }
+  std::printf(" (31 rows: %d blocks a row)\n", cluster_blocks_per_row(31, n, g_sm_count));
+#endif
+}
+
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
 // padded to 8000, k = 512 (and 1024, and the indexer's 2048), one call with
 // lengths; in every regime that holds.
@@ -1048,6 +1143,7 @@ void run_ragged_bench(int64_t k) {
   CHECK_CUDA(cudaMalloc(&lengths, size_t(kRows) * sizeof(int32_t)));
   CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   const TopkRegime dispatched = choose_topk_regime(kRows, kN, k, 4, g_sm_count, g_has_clusters);
+  print_cluster_occupancy(kN, k);
   std::vector<TopkRegime> regimes = {dispatched};
   for (TopkRegime r : kComparedRegimes) {
     if (g_compare_regimes && r != dispatched) regimes.push_back(r);
@@ -1057,22 +1153,47 @@ void run_ragged_bench(int64_t k) {
     const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, k, r);
     void* scratch = nullptr;
     if (bytes) CHECK_CUDA(cudaMalloc(&scratch, bytes));
-    auto launch = [&](int i) {
+    auto launch_on = [&](int i, cudaStream_t stream) {
       CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, kRows,
-                                           kN, k, lengths, scratch, bytes, 0, r));
+                                           kN, k, lengths, scratch, bytes, stream, r));
     };
+    auto launch = [&](int i) { launch_on(i, 0); };
 #if defined(JAX_TOPK_PHASE_TIMING)
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
 #endif
     char label[40];
     std::snprintf(label, sizeof label, "ragged 31x8000 k%lld", (long long)k);
-    std::printf("%-22s %-20s %10.1f%s\n", label, topk_regime_name(r),
-                median_launch_us(launch, 5, 30), r == dispatched ? "  (dispatched)" : "");
+    const double event_us = median_launch_us(launch, 5, 30);
 #if defined(JAX_TOPK_PHASE_TIMING)
-    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));
+    CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // the 35 launches above
+#endif
+    // CUDA events around each launch also time the host's launch; the graph
+    // time is the kernel's span, as in a jitted executable.
+    std::printf("%-22s %-20s %10.1f  graph %6.1f%s\n", label, topk_regime_name(r), event_us,
+                graph_launch_us(launch_on, 32), r == dispatched ? "  (dispatched)" : "");
+#if defined(JAX_TOPK_PHASE_TIMING)
     print_phases(cycles, kRows);
 #endif
+    if (g_compare_regimes && k == 512 && (r == TopkRegime::kClusterRows || r == TopkRegime::kThresholdRowPerBlock)) {
+      // The batch's first rows alone: how the span grows with the rows
+      // (the launch of the blocks or clusters against the work of a row).
+      std::printf("    graph us of the first rows:");
+      for (int64_t rows : {1, 2, 4, 8, 16, 31}) {
+        std::printf("  %lld: %.1f", (long long)rows, graph_launch_us([&](int i, cudaStream_t stream) {
+          CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, rows,
+                                               kN, k, lengths, scratch, bytes, stream, r));
+        }, 32));
+      }
+      std::printf("\n    graph us of each row alone (length):");
+      for (int64_t row = 0; row < kRows; ++row) {
+        std::printf(" %.1f (%d)", graph_launch_us([&](int i, cudaStream_t stream) {
+          CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)] + row * kN, values, indices,
+                                               1, kN, k, lengths + row, scratch, bytes, stream, r));
+        }, 32), host_lengths[size_t(row)]);
+      }
+      std::printf("\n");
+    }
     if (scratch) CHECK_CUDA(cudaFree(scratch));
   }
   for (float* p : inputs) CHECK_CUDA(cudaFree(p));

@@ -239,16 +239,121 @@ inline constexpr int64_t kClusterMinChunk = 1024;
 inline constexpr int64_t kClusterMaxRows = 16;
 inline constexpr int64_t kClusterMinN = 32768;
 
+constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_clusters) {
+  return has_clusters && elem_bytes <= 4 && k <= kClusterMaxK && n <= kClusterMaxN;
+}
+
+// Sampled bins (the cluster kernel's select for rows of kClusterBinsMinLen
+// ..kClusterBinsMaxLen elements, k < length). The radix select costs a
+// cluster barrier and a block-wide digit choice per 8-bit pass; a sample
+// replaces the passes with ONE exact count:
+// - every block reads the same kClusterBinSamples elements, evenly spaced
+//   over the row, and ranks them (the same sorted sample in every block);
+// - kClusterBinThresholds keys cut the key range into bins: the sample's
+//   values from its largest down to the rank where the row's k-th largest
+//   lies with kClusterBinSigmas standard deviations to spare (for iid rows),
+//   each gap between them split into equal key steps, and
+//   kClusterBinsAboveSample keys above the largest sample at doubling
+//   distances (cluster_bin_layout). Each block counts its elements per bin;
+// - after one cluster barrier every block sums the C histograms and takes
+//   the bins down to the first that reaches k: the candidates, ~k plus part
+//   of one bin. Each candidate goes to its bin's slots in the block that
+//   owns the bin (bin mod C); after a second barrier a candidate's row rank
+//   is the count of the bins above it plus the members of its own bin above
+//   it (packed key and index: distinct, so the ranks are a permutation).
+// A bin's members each count the others, so the rank's cost is the sum of
+// the squared bin sizes: the split gaps and the keys above the sample keep
+// bins to ~n / (s q) elements (the top bin, all that lies above the largest
+// sample, held ~n / s and up to 6x that before them).
+// Exact for every row. A row whose lowest threshold has fewer than k at or
+// above it, whose candidates exceed the block's slots, or whose bins hold
+// more than kClusterBinMaxMembers (ties, clustered values) takes the radix
+// select after all: only time depends on the sample.
+inline constexpr int kClusterBinSamples = 128;
+inline constexpr int kClusterBinThresholds = 128;
+inline constexpr int kClusterBinsAboveSample = 8;
+inline constexpr float kClusterBinSigmas = 4.0f;
+inline constexpr int64_t kClusterBinMaxMembers = 512;
+inline constexpr int64_t kClusterBinsMinLen = 8 * kClusterBinSamples;
+inline constexpr int64_t kClusterBinsMaxLen = 16384;
+
+// Where the thresholds come from. Slots [0, kClusterBinsAboveSample): the
+// largest sample key plus g << (kClusterBinsAboveSample - slot), g the mean
+// gap between the top per_gap sampled ranks. Then for j < ranks, sample rank r_j = min(j * rank_step,
+// lowest) and per_gap keys stepping down from its value towards the next
+// rank's (r_{j+1}, or the sample after `lowest` for the last); the slots past
+// them repeat the last key (empty bins). lowest: the k-th largest of a row of
+// len has sample rank ~ mean = k s / len, variance ~ mean (1 - mean / s).
+struct ClusterBinLayout {
+  int lowest;
+  int rank_step;
+  int ranks;
+  int per_gap;
+};
+constexpr ClusterBinLayout cluster_bin_layout(int64_t len, int64_t k) {
+  constexpr int s = kClusterBinSamples, slots = kClusterBinThresholds - kClusterBinsAboveSample;
+  const float mean = float(k) * float(s) / float(len);
+  float var = mean * (1.0f - mean / float(s));
+  if (var < 1.0f) var = 1.0f;
+  // sqrt(var) by Newton's method: var <= s / 4, five steps from (var + 1) / 2
+  // are within a few percent, and any layout is exact (only time moves).
+  float sd = 0.5f * (var + 1.0f);
+  for (int i = 0; i < 5; ++i) sd = 0.5f * (sd + var / sd);
+  int lowest = int(mean + kClusterBinSigmas * sd) + 2;
+  if (lowest > s - 1) lowest = s - 1;
+  const int rank_step = (lowest + slots) / slots;  // ceil((lowest + 1) / slots)
+  const int ranks = (lowest + rank_step - 1) / rank_step + 1;
+  return ClusterBinLayout{lowest, rank_step, ranks, slots / ranks};
+}
+
+constexpr bool cluster_bins_fit(int64_t len, int64_t k) {
+  return len >= kClusterBinsMinLen && len <= kClusterBinsMaxLen && k < len;
+}
+
+// Cluster size for rows the bins may take: about one block per
+// kClusterBinsMinChunk elements (a row's latency falls with its blocks:
+// clusters of 8 on an 8000-element row took 23.5 us of CUDA events against
+// 18.2 for 4 and 18.3 for 2, but only 30 clusters of 8 are resident on an
+// H200), and no more blocks in all than kClusterBinsSmShare of the SMs.
+// Measured on the ragged batch of 31 rows (benchmarks/results/NOTES.md,
+// twenty-seventh session): clusters of 4 (124 blocks) 11.2 us on an H100
+// (CUDA graph) and 12.7 through JAX on an H200, clusters of 3 (93 blocks:
+// none shares an SM) 13.3 and 15.2.
+#ifndef JAX_TOPK_CLUSTER_BINS_MIN_CHUNK  // a build-time override for A/B measurements only
+#define JAX_TOPK_CLUSTER_BINS_MIN_CHUNK 2048
+#endif
+inline constexpr int64_t kClusterBinsMinChunk = JAX_TOPK_CLUSTER_BINS_MIN_CHUNK;
+#ifndef JAX_TOPK_CLUSTER_BINS_SM_SHARE  // a build-time override for A/B measurements only
+#define JAX_TOPK_CLUSTER_BINS_SM_SHARE 1.0
+#endif
+inline constexpr double kClusterBinsSmShare = JAX_TOPK_CLUSTER_BINS_SM_SHARE;
+
+constexpr int64_t cluster_bins_max_blocks(int sm_count) { return int64_t(kClusterBinsSmShare * sm_count); }
+
 // Blocks per row in kClusterRows: enough to hold the row, and about one per
-// kClusterMinChunk elements up to kClusterMaxBlocks.
-constexpr int cluster_blocks_per_row(int64_t n) {
-  int64_t b = (n + kClusterMinChunk - 1) / kClusterMinChunk;
+// kClusterMinChunk elements up to kClusterMaxBlocks; for rows the bins may
+// take (n <= kClusterBinsMaxLen), as above.
+constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int sm_count) {
+  const bool bins = n <= kClusterBinsMaxLen;
+  const int64_t chunk = bins ? kClusterBinsMinChunk : kClusterMinChunk;
+  int64_t b = (n + chunk - 1) / chunk;
   if (b > kClusterMaxBlocks) b = kClusterMaxBlocks;
+  while (bins && b > 1 && rows * b > cluster_bins_max_blocks(sm_count)) --b;
   return b < 1 ? 1 : int(b);
 }
 
-constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_clusters) {
-  return has_clusters && elem_bytes <= 4 && k <= kClusterMaxK && n <= kClusterMaxN;
+// Where the cluster kernel is dispatched for its sampled bins: rows that
+// cluster_bins_fit with k up to kClusterBinsMaxK, few enough for clusters of
+// at least two blocks within cluster_bins_max_blocks. Measured on an H100
+// (CUDA graph, NOTES.md, twenty-seventh session), 31 rows of 2000..8000
+// (lengths) on clusters of 4: k = 512 10.8 us against 13.7 on the
+// threshold kernel (one row alone: 9.2 against 13.0); k = 1024 12.4 against
+// 14.5 on the register rows; k = 2048 16.4 against 16.8, where the register
+// rows, whose time does not depend on the data, stay.
+inline constexpr int64_t kClusterBinsMaxK = 1024;
+
+constexpr bool cluster_bins_dispatch(int64_t rows, int64_t n, int64_t k, int sm_count) {
+  return k <= kClusterBinsMaxK && cluster_bins_fit(n, k) && cluster_blocks_per_row(rows, n, sm_count) >= 2;
 }
 
 // Register-rows kernel (kRegisterRows; keys of at most 32 bits): one block
@@ -304,6 +409,9 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
   const bool warp_sort_fills = n <= kWarpSortAlwaysN || rows >= kWarpSortMinRowsPerSm * sm_count;
   if (warp_sort_fits(n, k, elem_bytes) && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
+  }
+  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && cluster_bins_dispatch(rows, n, k, sm_count)) {
+    return TopkRegime::kClusterRows;
   }
   if (register_rows_fit(n, k, elem_bytes) && k >= kRegisterRowsMinK &&
       rows <= kRegisterRowsMaxRowsPerSm * sm_count) {
