@@ -171,9 +171,9 @@ def test_cluster_bins_boundary(rng):
     # Few rows of cluster_bins_min_n..cluster_bins_max_n take a cluster of
     # blocks per row and its sampled bins while clusters of two blocks fit in
     # sm_share of the SMs; one row more, the threshold kernel. Rows made
-    # against the sample (its elements high: no threshold reaches k; low: one
-    # bin holds most of the row) and all-equal rows take the radix select in
-    # the same kernel.
+    # against the sample (its elements high: no threshold reaches k; or low)
+    # and all-equal rows (one bin holds the row) take the radix select in the
+    # same kernel, or the bins above the sample.
     build = jax_topk.info()["platforms"]["cuda"]["build"]
     sms = getattr(GPU, "core_count", None)
     if not sms or "topk_cluster_bins" not in build:

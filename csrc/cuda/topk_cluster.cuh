@@ -193,9 +193,9 @@ struct ClusterBinShared {
 };
 
 // Calls f(key, i, bin) for every key of keys[0:count) at or above floor_key
-// (one of the thresholds, descending), bin = the number of thresholds above
-// the key (0 .. kClusterBinThresholds - 1). The binary searches of four keys
-// run in lockstep: their shared-memory loads overlap.
+// (one of the thresholds, descending), bin = cluster_bin_of(key) (0 ..
+// kClusterBinThresholds - 1). The binary searches of four keys run in
+// lockstep: their shared-memory loads overlap.
 template <typename U, typename F>
 __device__ JAX_TOPK_FORCE_INLINE void for_each_binned_key(const U* keys, int count, uint32_t floor_key,
                                                           const uint32_t* thresholds, F&& f) {
@@ -258,15 +258,16 @@ JAX_TOPK_UNROLL
   if (q == 0) bs.sorted[rank] = uint32_t(v >> 32);
 }
 
-// Threshold `slot` (thread slot < kClusterBinThresholds, after
-// cluster_sort_sample and a barrier), as cluster_bin_layout describes.
-__device__ JAX_TOPK_FORCE_INLINE uint32_t cluster_bin_threshold(const ClusterBinShared& bs, int slot) {
-  const ClusterBinLayout l = bs.layout;
-  const uint32_t top = bs.sorted[0];
+// Threshold `slot` < kClusterBinThresholds from the sorted sample (descending
+// keys), as cluster_bin_layout describes (host-callable: the host simulation
+// builds the same bins).
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint32_t cluster_bin_threshold(const uint32_t* sorted, ClusterBinLayout l,
+                                                                         int slot) {
+  const uint32_t top = sorted[0];
   if (slot < kClusterBinsAboveSample) {
     // Doubling steps above the largest sample: 2g .. 256g, g the mean gap
     // between the top per_gap sampled ranks.
-    const uint32_t below = bs.sorted[min_of(l.per_gap * l.rank_step, kClusterBinSamples - 1)];
+    const uint32_t below = sorted[min_of(l.per_gap * l.rank_step, kClusterBinSamples - 1)];
     const uint64_t step = max_of((top - below) / uint32_t(l.per_gap), 1u);
     return uint32_t(min_of<uint64_t>(uint64_t(top) + (step << (kClusterBinsAboveSample - slot)), 0xffffffffu));
   }
@@ -276,11 +277,24 @@ __device__ JAX_TOPK_FORCE_INLINE uint32_t cluster_bin_threshold(const ClusterBin
   const int next = j + 1 < l.ranks ? min_of((j + 1) * l.rank_step, l.lowest)
                                    : min_of(l.lowest + 1, kClusterBinSamples - 1);
   // a - floor((a - b) part / per_gap) in 32-bit arithmetic.
-  const uint32_t a = bs.sorted[rank], gap = a - bs.sorted[next], q = uint32_t(l.per_gap);
+  const uint32_t a = sorted[rank], gap = a - sorted[next], q = uint32_t(l.per_gap);
   return a - (gap / q * uint32_t(part) + gap % q * uint32_t(part) / q);
 }
 
-#if defined(JAX_TOPK_HAS_CLUSTERS)
+// The bin of a key at or above the lowest threshold: the number of
+// thresholds above it (for_each_binned_key's search, one key at a time;
+// host-callable).
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int cluster_bin_of(uint32_t key, const uint32_t* thresholds) {
+  int bin = 0;
+  for (int half = kClusterBinThresholds / 2; half > 0; half /= 2) {
+    if (thresholds[bin + half - 1] > key) bin += half;
+  }
+  return bin;
+}
+
+// cooperative_groups::cluster_group exists in the host pass and the device
+// passes of sm_90 and newer (the kernel calls these from sm_90 code only).
+#if defined(JAX_TOPK_HAS_CLUSTERS) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
 // Warp 0, after the first cluster barrier: the cluster's count per bin (lane
 // l sums bins 4l..4l+3 over the blocks), the bins' first slots, the bin
 // where the count reaches k_eff, and whether the bins select the row.
@@ -356,7 +370,7 @@ __device__ bool cluster_topk_by_bins(const cooperative_groups::cluster_group& cl
   const int tid = int(threadIdx.x);
   cluster_sort_sample(bs);
   __syncthreads();
-  if (tid < kClusterBinThresholds) bs.thresholds[tid] = cluster_bin_threshold(bs, tid);
+  if (tid < kClusterBinThresholds) bs.thresholds[tid] = cluster_bin_threshold(bs.sorted, bs.layout, tid);
   __syncthreads();
   timer.mark(kClusterPhaseBins);
   const uint32_t lowest = bs.thresholds[kClusterBinThresholds - 1];
@@ -399,7 +413,7 @@ JAX_TOPK_UNROLL
   timer.mark(kClusterPhaseRank);
   return true;
 }
-#endif  // JAX_TOPK_HAS_CLUSTERS
+#endif  // JAX_TOPK_HAS_CLUSTERS, sm_90
 
 // One cluster of C blocks (the launch's cluster dimension) per row:
 // gridDim.x = rows * C. Dynamic shared memory: cluster_smem_bytes<U>(

@@ -1,8 +1,9 @@
 // Host-only simulation of the GPU top-k algorithms, for machines without a
 // GPU. It runs the same host-callable pieces the kernels use (key codec,
 // packing, load_packed_chunk, absorb_chunk, the bitonic networks, the radix
-// field schedule and state machine) in a sequential emulation of the lanes /
-// threads, and compares with a plain oracle. It does NOT exercise warp
+// field schedule and state machine, the cluster kernel's bin thresholds) in a
+// sequential emulation of the lanes / threads / blocks, and compares with a
+// plain oracle. It does NOT exercise warp
 // collectives, atomics, barriers or memory traffic: topk_selftest does that
 // on a GPU. Every algorithm also runs with a per-row length `len` < n (the
 // row's first len elements take part; output slots past min(k, len) are
@@ -20,6 +21,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/topk_cluster.cuh"
 #include "cuda/topk_radix.cuh"
 #include "cuda/topk_threshold.cuh"
 #include "cuda/topk_warp.cuh"
@@ -782,6 +784,132 @@ bool sim_threshold(const std::vector<U>& row, int64_t len, int64_t k, int64_t he
   return ok;
 }
 
+// ---- cluster kernel's sampled bins (topk_cluster.cuh) ----------------------
+// Mirrors cluster_topk_by_bins on one row of len (k < len) over `blocks`
+// blocks: the same sample, its ranks, thresholds (cluster_bin_threshold),
+// per-block bin counts, the sums and the decision, each candidate's slot
+// (base + before + a per-block cursor, in the blocks' element order) and its
+// rank within its bin. A row the bins do not select counts as a miss (the
+// kernel's radix select, simulated above, takes it).
+int g_bins_selected = 0, g_bins_missed = 0;
+int64_t g_bins_widest_random = 0, g_bins_most_candidates_random = 0;  // random rows (pattern 0), k >= 64
+
+template <KeyKind Kind, typename U>
+bool sim_cluster_bins(const std::vector<U>& row, int64_t len, int64_t k, int blocks, int pattern, bool* missed) {
+  constexpr int S = kClusterBinSamples, M = kClusterBinThresholds;
+  auto key_of = [&](int64_t i) { return uint32_t(ordered_key<Kind>(row[size_t(i)])); };
+  std::vector<uint64_t> sample(S);
+  for (int t = 0; t < S; ++t) sample[size_t(t)] = uint64_t(key_of(int64_t(t) * len / S)) << 32 | uint32_t(~t);
+  std::sort(sample.begin(), sample.end(), std::greater<>());
+  uint32_t sorted[S], thresholds[M];
+  for (int r = 0; r < S; ++r) sorted[r] = uint32_t(sample[size_t(r)] >> 32);
+  const ClusterBinLayout layout = cluster_bin_layout(len, k);
+  for (int slot = 0; slot < M; ++slot) {
+    thresholds[slot] = cluster_bin_threshold(sorted, layout, slot);
+    if (slot > 0 && thresholds[slot] > thresholds[slot - 1]) return false;  // must descend
+  }
+  const int64_t chunk = cluster_chunk<U>(len, blocks);
+  std::vector<std::vector<uint32_t>> hist(size_t(blocks), std::vector<uint32_t>(M, 0));
+  for (int b = 0; b < blocks; ++b) {
+    for (int64_t i = b * chunk; i < std::min(len, (b + 1) * chunk); ++i) {
+      if (key_of(i) >= thresholds[M - 1]) ++hist[size_t(b)][size_t(cluster_bin_of(key_of(i), thresholds))];
+    }
+  }
+  std::vector<uint32_t> base(M + 1, 0), total(M, 0);
+  for (int j = 0; j < M; ++j) {
+    for (int b = 0; b < blocks; ++b) total[size_t(j)] += hist[size_t(b)][size_t(j)];
+    base[size_t(j) + 1] = base[size_t(j)] + total[size_t(j)];
+  }
+  int last_bin = -1;
+  for (int j = 0; j < M && last_bin < 0; ++j) {
+    if (base[size_t(j) + 1] >= uint64_t(k)) last_bin = j;
+  }
+  uint32_t widest = 0;
+  for (int j = 0; j <= last_bin; ++j) widest = std::max(widest, total[size_t(j)]);
+  const uint32_t candidates = last_bin < 0 ? 0 : base[size_t(last_bin) + 1];
+  *missed = last_bin < 0 || widest > kClusterBinMaxMembers || candidates > cluster_candidate_slots(k);
+  if (*missed) {
+    ++g_bins_missed;
+    return true;
+  }
+  ++g_bins_selected;
+  if (pattern == 0 && k >= 64) {
+    g_bins_widest_random = std::max<int64_t>(g_bins_widest_random, widest);
+    g_bins_most_candidates_random = std::max<int64_t>(g_bins_most_candidates_random, int64_t(candidates) - k);
+  }
+  // The scatter: slot = base + (the bin's members in earlier blocks) + cursor.
+  using Pack = KeyIndexPacking<U, uint64_t>;
+  std::vector<uint64_t> slots(candidates, 0);
+  for (int b = 0; b < blocks; ++b) {
+    std::vector<uint32_t> cursor(M, 0);
+    for (int64_t i = b * chunk; i < std::min(len, (b + 1) * chunk); ++i) {
+      if (key_of(i) < thresholds[last_bin]) continue;
+      const int bin = cluster_bin_of(key_of(i), thresholds);
+      uint32_t before = 0;
+      for (int e = 0; e < b; ++e) before += hist[size_t(e)][size_t(bin)];
+      const uint32_t slot = base[size_t(bin)] + before + cursor[size_t(bin)]++;
+      if (slot >= candidates || slots[slot] != 0) return false;  // each slot written once
+      slots[slot] = Pack::pack(U(key_of(i)), uint32_t(i));
+    }
+  }
+  // The rank within each bin.
+  std::vector<uint64_t> out(size_t(k), 0);
+  for (int bin = 0; bin <= last_bin; ++bin) {
+    for (uint32_t m = base[size_t(bin)]; m < base[size_t(bin) + 1]; ++m) {
+      uint32_t above = 0;
+      for (uint32_t j = base[size_t(bin)]; j < base[size_t(bin) + 1]; ++j) above += slots[j] > slots[m] ? 1u : 0u;
+      const uint32_t rank = base[size_t(bin)] + above;
+      if (rank < uint64_t(k)) {
+        if (out[rank] != 0) return false;  // ranks are a permutation
+        out[rank] = slots[m];
+      }
+    }
+  }
+  return write_outputs<Kind, U>(out, k) == oracle<Kind, U>(row, len, k);
+}
+
+// Rows for the bins: make_row's patterns, and rows made against the bins'
+// sample (its elements high and the rest low, or the reverse).
+template <KeyKind Kind, typename U>
+void run_cluster_bins(std::mt19937_64& rng) {
+  for (int64_t n : {kClusterBinsMinLen, int64_t(2000), int64_t(4097), int64_t(8000), kClusterBinsMaxLen}) {
+    for (int64_t k : {int64_t(1), int64_t(2), int64_t(33), int64_t(64), int64_t(512), int64_t(1000), int64_t(1023)}) {
+      if (k >= n) continue;
+      for (int pattern = 0; pattern < kRowPatterns + 2; ++pattern) {
+        std::vector<U> row;
+        if (pattern < kRowPatterns) {
+          row = make_row<U>(rng, n, pattern);
+        } else {
+          row.resize(size_t(n));
+          std::vector<char> sampled(size_t(n), 0);
+          for (int64_t t = 0; t < kClusterBinSamples; ++t) sampled[size_t(t * n / kClusterBinSamples)] = 1;
+          constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
+          for (int64_t i = 0; i < n; ++i) {
+            const U low = U(U(rng()) & U(kTop - 1));
+            const bool high = (sampled[size_t(i)] != 0) == (pattern == kRowPatterns);
+            row[size_t(i)] = high == (Kind == KeyKind::kUnsigned) ? U(kTop | low) : low;
+          }
+        }
+        for (int64_t len : {n, std::max<int64_t>(kClusterBinsMinLen, int64_t(rng() % uint64_t(n + 1)))}) {
+          if (k >= len) continue;
+          for (int blocks : {1, 2, 3, 4, 8}) {
+            bool missed = false;
+            report<U>(sim_cluster_bins<Kind, U>(row, len, k, blocks, pattern, &missed), "cluster_bins", n, k, pattern,
+                      blocks, len);
+            // A whole row whose sampled elements are its largest must miss:
+            // no threshold has k at or above it (the radix select takes the
+            // row). The reverse row may not: the keys above the sample can
+            // cut the rest of the row into bins.
+            if (pattern == kRowPatterns && len == n && k > 33) {
+              report<U>(missed, "cluster_bins(against the sample)", n, k, pattern, blocks, len);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Row lengths below n worth trying for (n, k): empty, one element, around k,
 // one short of the row, and a random one. (The clamping of user values is
 // checked separately: clamp_row_length.)
@@ -971,6 +1099,7 @@ void run_width(std::mt19937_64& rng) {
       report<U>(g_threshold_sampled[1] > before, "threshold(the sample missed)", n, k, 6, chunks_high);
     }
   }
+  if constexpr (sizeof(U) <= 4) run_cluster_bins<Kind, U>(rng);
   run_width_lengths<Kind, U>(rng);
 }
 
@@ -995,6 +1124,9 @@ int main() {
               g_threshold_sampled[0], g_threshold_sampled[1], (long long)g_threshold_sampled_max_c);
   std::printf("sampled selects by passes:");
   for (int p = 0; p < 9; ++p) std::printf(" %d:%d", p, g_threshold_sample_passes[p]);
-  std::printf("\n%d passed, %d failed\n", g_passed, g_failed);
+  std::printf("\ncluster bins: selected %d, missed (radix select) %d; on random rows with k >= 64: widest bin %lld, "
+              "most candidates past k %lld\n",
+              g_bins_selected, g_bins_missed, (long long)g_bins_widest_random, (long long)g_bins_most_candidates_random);
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed ? 1 : 0;
 }

@@ -228,9 +228,10 @@ void fill_row_pattern(DType d, Pattern p, std::mt19937_64& rng, U* row, int64_t 
     case Pattern::kSampleLow: {
       // The sampled elements of a whole row high and the rest low (the
       // sampled T leaves fewer than k candidates; the bins reach k at no
-      // threshold), or the reverse (more candidates than the threshold
-      // kernel's G; one bin holds most of the row). Either way the row takes
-      // the kernel's radix select. The threshold kernel's sample
+      // threshold: both kernels' radix select takes the row), or the
+      // reverse (more candidates than the threshold kernel's G: its radix
+      // select; the bins above the sample may still take it). The threshold
+      // kernel's sample
       // (g_sample_slots slots) is in chunks (threshold_sample_chunk_start);
       // the cluster kernel's bins take element i * n / kClusterBinSamples.
       std::vector<char> sampled(size_t(n), 0);
@@ -846,9 +847,9 @@ void run_suite(bool quick, bool big) {
       }
       run_one(d, 2 * sm + 1, 3000, 100, Pattern::kGaussian);  // more clusters than fit at once
       // The sampled bins (rows of kClusterBinsMinLen..kClusterBinsMaxLen):
-      // every pattern, lengths either side of the bins' bounds; the rows
-      // made against the bins' sample, all-equal and few-value rows take
-      // the radix select after the bins.
+      // every pattern, lengths either side of the bins' bounds; rows made
+      // against the bins' sample, all-equal and few-value rows take the
+      // radix select after the bins.
       g_sample_slots = 0;
       const std::vector<int64_t> bins_ns =
           quick ? std::vector<int64_t>{kClusterBinsMinLen, 8000, kClusterBinsMaxLen}
