@@ -170,7 +170,7 @@ def test_threshold_sampled_rows(rows, n, k, rng):
 def test_cluster_bins_boundary(rng):
     # Few rows of cluster_bins_min_n..cluster_bins_max_n take a cluster of
     # blocks per row and its sampled bins while clusters of two blocks fit in
-    # sm_share of the SMs; one row more, the threshold kernel. Rows made
+    # sm_share of the SMs; one row more, another kernel. Rows made
     # against the sample (its elements high: no threshold reaches k; or low)
     # and all-equal rows (one bin holds the row) take the radix select in the
     # same kernel, or the bins above the sample.

@@ -263,8 +263,8 @@ constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_c
 //   it (packed key and index: distinct, so the ranks are a permutation).
 // A bin's members each count the others, so the rank's cost is the sum of
 // the squared bin sizes: the split gaps and the keys above the sample keep
-// bins to ~n / (s q) elements (the top bin, all that lies above the largest
-// sample, held ~n / s and up to 6x that before them).
+// bins small. (Without them the top bin, all that lies above the largest
+// sample or the window's top rank, held up to 333 elements of a ragged row.)
 // Exact for every row. A row whose lowest threshold has fewer than k at or
 // above it, whose candidates exceed the block's slots, or whose bins hold
 // more than kClusterBinMaxMembers (ties, clustered values) takes the radix
@@ -279,11 +279,12 @@ inline constexpr int64_t kClusterBinsMaxLen = 16384;
 
 // Where the thresholds come from. Slots [0, kClusterBinsAboveSample): the
 // largest sample key plus g << (kClusterBinsAboveSample - slot), g the mean
-// gap between the top per_gap sampled ranks. Then for j < ranks, sample rank r_j = min(j * rank_step,
-// lowest) and per_gap keys stepping down from its value towards the next
-// rank's (r_{j+1}, or the sample after `lowest` for the last); the slots past
-// them repeat the last key (empty bins). lowest: the k-th largest of a row of
-// len has sample rank ~ mean = k s / len, variance ~ mean (1 - mean / s).
+// gap between the top per_gap sampled ranks. Then for j < ranks, sample rank
+// r_j = min(j * rank_step, lowest) and per_gap keys stepping down from its
+// value towards the next rank's (r_{j+1}, or the sample after `lowest` for
+// the last); the slots past them repeat the last key (empty bins). lowest:
+// the k-th largest of a row of len has sample rank ~ mean = k s / len,
+// variance ~ mean (1 - mean / s).
 struct ClusterBinLayout {
   int lowest;
   int rank_step;
