@@ -105,6 +105,21 @@ std::vector<U> make_row(std::mt19937_64& rng, int64_t n, int pattern) {
   return row;
 }
 
+// A row made against a sample: the elements where sampled[i] is set high and
+// the rest low (sampled_high), or the reverse; random bits below the top one.
+template <KeyKind Kind, typename U>
+std::vector<U> make_row_against_sample(std::mt19937_64& rng, const std::vector<char>& sampled, bool sampled_high) {
+  constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
+  std::vector<U> row(sampled.size());
+  for (size_t i = 0; i < row.size(); ++i) {
+    const U low = U(U(rng()) & U(kTop - 1));
+    const bool high = (sampled[i] != 0) == sampled_high;
+    // The sign bit: set ranks high for unsigned keys, low for the others.
+    row[i] = high == (Kind == KeyKind::kUnsigned) ? U(kTop | low) : low;
+  }
+  return row;
+}
+
 template <typename U>
 void report(bool ok, const char* what, int64_t n, int64_t k, int pattern, int extra,
             int64_t len = -1) {
@@ -880,15 +895,9 @@ void run_cluster_bins(std::mt19937_64& rng) {
         if (pattern < kRowPatterns) {
           row = make_row<U>(rng, n, pattern);
         } else {
-          row.resize(size_t(n));
           std::vector<char> sampled(size_t(n), 0);
           for (int64_t t = 0; t < kClusterBinSamples; ++t) sampled[size_t(t * n / kClusterBinSamples)] = 1;
-          constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
-          for (int64_t i = 0; i < n; ++i) {
-            const U low = U(U(rng()) & U(kTop - 1));
-            const bool high = (sampled[size_t(i)] != 0) == (pattern == kRowPatterns);
-            row[size_t(i)] = high == (Kind == KeyKind::kUnsigned) ? U(kTop | low) : low;
-          }
+          row = make_row_against_sample<Kind, U>(rng, sampled, pattern == kRowPatterns);
         }
         for (int64_t len : {n, std::max<int64_t>(kClusterBinsMinLen, int64_t(rng() % uint64_t(n + 1)))}) {
           if (k >= len) continue;
@@ -1080,20 +1089,13 @@ void run_width(std::mt19937_64& rng) {
     const int64_t chunks = slots / kThresholdSampleChunk;
     if (threshold_sample(n, k, slots).rank == 0) continue;  // narrow keys: more slots, too few per sample
     for (bool chunks_high : {true, false}) {
-      std::vector<U> row(static_cast<size_t>(n));
       std::vector<char> sampled(static_cast<size_t>(n), 0);
       const uint64_t step = threshold_sample_step(chunks, n);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t start = threshold_sample_chunk_start(c, step);
         for (int l = 0; l < kThresholdSampleChunk; ++l) sampled[size_t(start + l)] = 1;
       }
-      constexpr U kTop = U(U(1) << (sizeof(U) * 8 - 1));
-      for (int64_t i = 0; i < n; ++i) {
-        const U low = U(U(rng()) & U(kTop - 1));
-        const bool high = (sampled[size_t(i)] != 0) == chunks_high;
-        // The sign bit: set ranks high for unsigned keys, low for the others.
-        row[size_t(i)] = high == (Kind == KeyKind::kUnsigned) ? U(kTop | low) : low;
-      }
+      const std::vector<U> row = make_row_against_sample<Kind, U>(rng, sampled, chunks_high);
       const int before = g_threshold_sampled[1];
       report<U>(sim_threshold<Kind, U>(row, n, k, 0, 6), "threshold(against the sample)", n, k, 6, chunks_high);
       report<U>(g_threshold_sampled[1] > before, "threshold(the sample missed)", n, k, 6, chunks_high);

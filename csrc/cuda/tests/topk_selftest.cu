@@ -1105,8 +1105,9 @@ constexpr TopkRegime kComparedRegimes[] = {TopkRegime::kRegisterRows, TopkRegime
 
 // How many clusters of the cluster kernel are resident at once, for rows of
 // n and k and each cluster size (the kernel's waves; asked of this
-// translation unit's instantiation of the same kernel).
-void print_cluster_occupancy(int64_t n, int64_t k) {
+// translation unit's instantiation of the same kernel), and the size `rows`
+// rows get.
+void print_cluster_occupancy(int64_t rows, int64_t n, int64_t k) {
 #if defined(JAX_TOPK_HAS_CLUSTERS)
   if (!g_has_clusters) return;
   auto kernel = jax_topk::cuda::cluster_topk_rows_kernel<uint32_t>;
@@ -1121,7 +1122,7 @@ void print_cluster_occupancy(int64_t n, int64_t k) {
     CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     std::printf("  %d of %d blocks", clusters, blocks);
   }
-  std::printf(" (31 rows: %d blocks a row)\n", cluster_blocks_per_row(31, n, g_sm_count));
+  std::printf(" (%lld rows: %d blocks a row)\n", (long long)rows, cluster_blocks_per_row(rows, n, g_sm_count));
 #endif
 }
 
@@ -1144,7 +1145,7 @@ void run_ragged_bench(int64_t k) {
   CHECK_CUDA(cudaMalloc(&lengths, size_t(kRows) * sizeof(int32_t)));
   CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
   const TopkRegime dispatched = choose_topk_regime(kRows, kN, k, 4, g_sm_count, g_has_clusters);
-  print_cluster_occupancy(kN, k);
+  print_cluster_occupancy(kRows, kN, k);
   std::vector<TopkRegime> regimes = {dispatched};
   for (TopkRegime r : kComparedRegimes) {
     if (g_compare_regimes && r != dispatched) regimes.push_back(r);
