@@ -77,36 +77,28 @@ JAX_TOPK_UNROLL
   __syncthreads();  // read before anyone writes them again
 }
 
-// Calls emit(value, pos) for every value a[i], first <= i < last, of the c
-// values a[0:c); pos = its rank from the top among all c (0 = largest). a: c
-// distinct values, written and followed by a barrier. Several blocks holding
-// the same a[] may split [0, c) between them (the cluster kernel): each
-// ranks its slice against all c. spill: room for c values (the bucket
-// spans); bins: kRankBuckets u32. Returns false, having emitted nothing, when
-// a bucket is too full (the caller then sorts); every thread gets the same
-// answer. Ends with a barrier.
-template <int kThreads, typename Emit>
-__device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, uint64_t* spill,
-                                uint32_t* bins, BlockRankShared<kThreads>& rs, Emit&& emit) {
+// The buckets of a[0:c) (c > kRankByCountingMaxC, distinct values written
+// and followed by a barrier): laid out from the top and the values scattered
+// into spill[] by bucket, so that bucket b spans [bucket_begin(b), bins[b])
+// of spill. False, having scattered nothing, when a bucket is too full (the
+// caller then sorts); every thread gets the same answer. Ends with a barrier.
+struct RankBuckets {
+  uint64_t lo;
+  int shift;
+  __device__ JAX_TOPK_FORCE_INLINE uint32_t of(uint64_t e) const { return rank_bucket(e, lo, shift); }
+};
+template <int kThreads>
+__device__ bool block_scatter_rank_buckets(const uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
+                                           BlockRankShared<kThreads>& rs, RankBuckets* buckets) {
   const int tid = int(threadIdx.x);
-  if (c <= kRankByCountingMaxC) {
-    for (int i = first + tid; i < last; i += kThreads) {
-      const uint64_t mine = a[i];
-      int rank = 0;
-#pragma unroll 8
-      for (int j = 0; j < c; ++j) rank += a[j] > mine ? 1 : 0;
-      emit(mine, rank);
-    }
-    __syncthreads();
-    return true;
-  }
   uint64_t lo, hi;
   block_min_max<kThreads>(a, c, &rs.lo, &rs.hi, &lo, &hi);
-  const int shift = rank_bucket_shift(lo, hi);
+  const RankBuckets rb{lo, rank_bucket_shift(lo, hi)};
+  *buckets = rb;
   for (int b = tid; b < kRankBuckets; b += kThreads) bins[b] = 0;
   if (tid == 0) rs.max_bucket = 0;
   __syncthreads();
-  for (int i = tid; i < c; i += kThreads) atomicAdd(&bins[rank_bucket(a[i], lo, shift)], 1u);
+  for (int i = tid; i < c; i += kThreads) atomicAdd(&bins[rb.of(a[i])], 1u);
   __syncthreads();
   // Bucket starts from the top: thread t owns kPer buckets from bucket
   // kRankBuckets - 1 - t * kPer downwards.
@@ -133,24 +125,84 @@ JAX_TOPK_UNROLL
     __syncthreads();
     return false;
   }
-  // Scatter: after it, bins[b] is the END of bucket b, and bucket b spans
-  // [bins[b + 1], bins[b]) (b + 1 = kRankBuckets: from 0).
+  // Scatter: after it, bins[b] is the END of bucket b.
   for (int i = tid; i < c; i += kThreads) {
     const uint64_t e = a[i];
-    spill[atomicAdd(&bins[rank_bucket(e, lo, shift)], 1u)] = e;
-  }
-  __syncthreads();
-  for (int i = first + tid; i < last; i += kThreads) {
-    const uint64_t e = a[i];
-    const uint32_t b = rank_bucket(e, lo, shift);
-    const int begin = b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0;
-    const int end = int(bins[b]);
-    int rank = begin;
-    for (int j = begin; j < end; ++j) rank += spill[j] > e ? 1 : 0;
-    emit(e, rank);
+    spill[atomicAdd(&bins[rb.of(e)], 1u)] = e;
   }
   __syncthreads();
   return true;
+}
+
+// Rank from the top of e among all the values of block_scatter_rank_buckets:
+// the buckets above its own, plus the members of its own above it.
+__device__ JAX_TOPK_FORCE_INLINE int rank_in_buckets(uint64_t e, const uint64_t* spill, const uint32_t* bins,
+                                                RankBuckets rb) {
+  const uint32_t b = rb.of(e);
+  const int begin = b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0;
+  const int end = int(bins[b]);
+  int rank = begin;
+  for (int j = begin; j < end; ++j) rank += spill[j] > e ? 1 : 0;
+  return rank;
+}
+
+// Rank from the top of a[i] among all c by counting (c <= kRankByCountingMaxC).
+__device__ JAX_TOPK_FORCE_INLINE int rank_by_counting(const uint64_t* a, int c, uint64_t mine) {
+  int rank = 0;
+#pragma unroll 8
+  for (int j = 0; j < c; ++j) rank += a[j] > mine ? 1 : 0;
+  return rank;
+}
+
+// Calls emit(value, pos) for every value a[i], first <= i < last, of the c
+// values a[0:c); pos = its rank from the top among all c (0 = largest). a: c
+// distinct values, written and followed by a barrier. Several blocks holding
+// the same a[] may split [0, c) between them (the cluster kernel): each
+// ranks its slice against all c. spill: room for c values (the bucket
+// spans); bins: kRankBuckets u32. Returns false, having emitted nothing, when
+// a bucket is too full (the caller then sorts); every thread gets the same
+// answer. Ends with a barrier.
+template <int kThreads, typename Emit>
+__device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, uint64_t* spill,
+                                uint32_t* bins, BlockRankShared<kThreads>& rs, Emit&& emit) {
+  const int tid = int(threadIdx.x);
+  if (c <= kRankByCountingMaxC) {
+    for (int i = first + tid; i < last; i += kThreads) emit(a[i], rank_by_counting(a, c, a[i]));
+    __syncthreads();
+    return true;
+  }
+  RankBuckets rb;
+  if (!block_scatter_rank_buckets<kThreads>(a, c, spill, bins, rs, &rb)) return false;
+  for (int i = first + tid; i < last; i += kThreads) emit(a[i], rank_in_buckets(a[i], spill, bins, rb));
+  __syncthreads();
+  return true;
+}
+
+// The c values of a[0:c) in descending order, in shared memory: returns the
+// array whose slot pos holds the value of rank pos (spill when counting, a
+// itself when bucketed: the ranks are then taken from spill, so a[] is free
+// to take the values), or nullptr, with a[] unchanged, when a bucket is too
+// full (the caller then sorts). Callers write their outputs from it in
+// order: coalesced stores instead of one scattered store per value (a warp's
+// 32 ranks are 32 different lines). Arguments as block_rank_desc; ends with
+// a barrier.
+template <int kThreads>
+__device__ const uint64_t* block_order_by_rank_desc(uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
+                                                    BlockRankShared<kThreads>& rs) {
+  const int tid = int(threadIdx.x);
+  if (c <= kRankByCountingMaxC) {
+    for (int i = tid; i < c; i += kThreads) spill[rank_by_counting(a, c, a[i])] = a[i];
+    __syncthreads();
+    return spill;
+  }
+  RankBuckets rb;
+  if (!block_scatter_rank_buckets<kThreads>(a, c, spill, bins, rs, &rb)) return nullptr;
+  for (int i = tid; i < c; i += kThreads) {
+    const uint64_t e = spill[i];
+    a[rank_in_buckets(e, spill, bins, rb)] = e;
+  }
+  __syncthreads();
+  return a;
 }
 
 }  // namespace jax_topk::cuda

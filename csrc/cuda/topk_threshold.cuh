@@ -22,8 +22,9 @@
 //    c ~ G * -ln(1 - k/G): 1.15k at G = 4k, 1.39k at G = 2k; for all-equal
 //    rows the packed maxima make c ~ k (ties broken by index).
 // 4. Each candidate's rank among the c is its output slot (block_rank.cuh:
-//    counting for c <= 256, bucketed counting above); ranks below k are
-//    written. Deterministic: packed values are distinct, so the ranks are.
+//    counting for c <= 256, bucketed counting above); the candidates are
+//    put in rank order in shared memory and the first k written in order.
+//    Deterministic: packed values are distinct, so the ranks are.
 //    A bucket too full to rank (clustered values) falls back to a bitonic
 //    sort of next_pow2(c), padded with 0, which is below every element.
 // Sampled T (whole rows long enough: threshold_sample in topk_dispatch.h):
@@ -99,8 +100,9 @@ enum ThresholdPhase : int {
   kThresholdPhaseMaxima = 0,  // first read: group maxima
   kThresholdPhaseSelect = 1,  // T from the maxima
   kThresholdPhaseCompact = 2, // second read: candidates >= T
-  kThresholdPhaseOrder = 3,   // rank (or sort) and write
+  kThresholdPhaseOrder = 3,   // write the k slots (and the sort, where ranking falls back)
   kThresholdPhaseFallback = 4,
+  kThresholdPhaseRank = 5,    // candidates put in order by rank
 };
 
 // The select's digit schedule (host-callable: the host simulation mirrors
@@ -334,34 +336,37 @@ __device__ uint64_t block_keep_k_largest(uint64_t* a, uint32_t* count, uint32_t 
 // Step 4 of both threshold kernels: each candidate of a[0:c) (distinct
 // packed values, all >= the row's k-th largest) goes to the output slot of
 // its rank; c < k only in a row shorter than k, whose slots [c, k) are
-// padding. spans: c values for the rank's buckets; a[] holds at least
-// next_pow2(max(c, k)) values for the sort fallback.
+// padding. The candidates are put in order in shared memory first and the k
+// slots written in order (block_order_by_rank_desc). spans: c values for the
+// rank's buckets; a[] holds at least next_pow2(max(c, k)) values for the
+// sort fallback.
 // The ranking half of write_candidates_by_rank (any c: ranks past k are not
-// written): false, having written nothing, where a bucket is too full to rank.
+// written): false, having written nothing and left a[] as it was, where a
+// bucket is too full to rank.
 template <typename U, int kThreads>
-__device__ bool try_write_candidates_by_rank(const uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
+__device__ bool try_write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
                                              BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
-                                             U pad_bits, U* values_row, int32_t* indices_row) {
+                                             U pad_bits, U* values_row, int32_t* indices_row,
+                                             PhaseTimer* timer = nullptr) {
   using P = uint64_t;
-  const bool ranked = block_rank_desc<kThreads>(a, c, 0, c, spans, hist, rank_shared, [&](P e, int pos) {
-    if (pos < k) write_packed_output(e, codec, pad_bits, values_row, indices_row, pos);
-  });
-  if (ranked) {
-    for (int j = c + int(threadIdx.x); j < k; j += kThreads) {
-      write_packed_output(P(0), codec, pad_bits, values_row, indices_row, j);
-    }
+  const P* ordered = block_order_by_rank_desc<kThreads>(a, c, spans, hist, rank_shared);
+  if (ordered == nullptr) return false;  // uniform
+  if (timer != nullptr) timer->mark(kThresholdPhaseRank);
+  for (int j = int(threadIdx.x); j < k; j += kThreads) {
+    write_packed_output(j < c ? ordered[j] : P(0), codec, pad_bits, values_row, indices_row, j);
   }
-  return ranked;
+  return true;
 }
 
 template <typename U, int kThreads>
 __device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
                                          BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
-                                         U pad_bits, U* values_row, int32_t* indices_row) {
+                                         U pad_bits, U* values_row, int32_t* indices_row,
+                                         PhaseTimer* timer = nullptr) {
   using P = uint64_t;
   const int tid = int(threadIdx.x);
   if (try_write_candidates_by_rank<U, kThreads>(a, c, k, spans, hist, rank_shared, codec, pad_bits, values_row,
-                                                indices_row)) {
+                                                indices_row, timer)) {
     return;
   }
   // A bucket too full to rank (values clustered far below a few outliers):
@@ -428,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     if (c <= kG && (!sampled || c >= k)) {  // uniform
       // 4. Each candidate's rank is its output slot.
       write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
-                                            values + row * k, indices + row * k);
+                                            values + row * k, indices + row * k, &timer);
       timer.mark(kThresholdPhaseOrder);
     } else {
       // Too many candidates (or a sample's too few): radix select of the row in this block. Room:
@@ -543,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, k
       block_keep_k_largest<kThreads>(a, &ts.candidates, uint32_t(k), spans, hist, ts);
     }
     write_candidates_by_rank<U, kThreads>(a, int(ts.candidates), k, spans, hist, rank_shared, codec,
-                                          lengths.pad_bits, values + row * k, indices + row * k);
+                                          lengths.pad_bits, values + row * k, indices + row * k, &timer);
     timer.mark(kThresholdPhaseOrder);
     __syncthreads();  // shared memory is reused by the next row
   }
