@@ -9,8 +9,9 @@
 //
 // - c <= kRankByCountingMaxC: thread i counts the values above a[i] (c loads
 //   of a broadcast shared-memory word each).
-// - larger c: values are bucketed by their offset from the minimum (the top
-//   kRankBucketBits bits of the range), the buckets laid out from the top by
+// - larger c: values are bucketed by their offset from the minimum or a
+//   known lower bound (the top kRankBucketBits bits of the range, up to the
+//   maximum or a known upper bound), the buckets laid out from the top by
 //   a block scan, the values scattered into their bucket's span, and each
 //   value counts only the members of its own bucket above it. Buckets hold
 //   ~1 value for smooth data; when one holds more than kRankMaxBucket (values
@@ -77,24 +78,38 @@ JAX_TOPK_UNROLL
   __syncthreads();  // read before anyone writes them again
 }
 
-// The buckets of a[0:c) (c > kRankByCountingMaxC, distinct values written
-// and followed by a barrier): laid out from the top and the values scattered
-// into spill[] by bucket, so that bucket b spans [bucket_begin(b), bins[b])
-// of spill. False, having scattered nothing, when a bucket is too full (the
-// caller then sorts); every thread gets the same answer. Ends with a barrier.
 struct RankBuckets {
   uint64_t lo;
   int shift;
   __device__ JAX_TOPK_FORCE_INLINE uint32_t of(uint64_t e) const { return rank_bucket(e, lo, shift); }
 };
+
+// Bounds lo <= every value <= hi that a caller already knows (the threshold
+// kernel: T and the largest candidate its compaction saw); hi == 0 (never
+// the largest of real packed values) for none.
+struct RankRange {
+  uint64_t lo = 0, hi = 0;
+};
+// The buckets of a[0:c): over range where it is known, else over the
+// smallest and largest value (a block reduction and three barriers: ~0.9 us
+// of the 4.8 the threshold kernel's rank took per row at c ~ 2500).
 template <int kThreads>
-__device__ bool block_scatter_rank_buckets(const uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
-                                           BlockRankShared<kThreads>& rs, RankBuckets* buckets) {
+__device__ RankBuckets block_rank_buckets(const uint64_t* a, int c, BlockRankShared<kThreads>& rs,
+                                          RankRange range) {
+  if (range.hi == 0) block_min_max<kThreads>(a, c, &rs.lo, &rs.hi, &range.lo, &range.hi);
+  return RankBuckets{range.lo, rank_bucket_shift(range.lo, range.hi)};
+}
+
+// The values of a[0:c) (c > kRankByCountingMaxC, distinct, written and
+// followed by a barrier) scattered into spill[] by bucket rb.of(), buckets
+// laid out from the top: bucket b spans [bins[b + 1], bins[b]) of spill
+// afterwards (from 0 for the top bucket). bins: kRankBuckets u32. False,
+// having scattered nothing, when a bucket is too full (the caller then
+// sorts); every thread gets the same answer. Ends with a barrier.
+template <int kThreads>
+__device__ bool block_scatter_rank_buckets(const uint64_t* a, int c, RankBuckets rb, uint64_t* spill,
+                                           uint32_t* bins, BlockRankShared<kThreads>& rs) {
   const int tid = int(threadIdx.x);
-  uint64_t lo, hi;
-  block_min_max<kThreads>(a, c, &rs.lo, &rs.hi, &lo, &hi);
-  const RankBuckets rb{lo, rank_bucket_shift(lo, hi)};
-  *buckets = rb;
   for (int b = tid; b < kRankBuckets; b += kThreads) bins[b] = 0;
   if (tid == 0) rs.max_bucket = 0;
   __syncthreads();
@@ -134,10 +149,10 @@ JAX_TOPK_UNROLL
   return true;
 }
 
-// Rank from the top of e among all the values of block_scatter_rank_buckets:
+// Rank from the top of e among all the values block_scatter_rank_buckets put:
 // the buckets above its own, plus the members of its own above it.
 __device__ JAX_TOPK_FORCE_INLINE int rank_in_buckets(uint64_t e, const uint64_t* spill, const uint32_t* bins,
-                                                RankBuckets rb) {
+                                                     RankBuckets rb) {
   const uint32_t b = rb.of(e);
   const int begin = b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0;
   const int end = int(bins[b]);
@@ -171,8 +186,8 @@ __device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, u
     __syncthreads();
     return true;
   }
-  RankBuckets rb;
-  if (!block_scatter_rank_buckets<kThreads>(a, c, spill, bins, rs, &rb)) return false;
+  const RankBuckets rb = block_rank_buckets<kThreads>(a, c, rs, RankRange{});
+  if (!block_scatter_rank_buckets<kThreads>(a, c, rb, spill, bins, rs)) return false;
   for (int i = first + tid; i < last; i += kThreads) emit(a[i], rank_in_buckets(a[i], spill, bins, rb));
   __syncthreads();
   return true;
@@ -185,18 +200,19 @@ __device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, u
 // full (the caller then sorts). Callers write their outputs from it in
 // order: coalesced stores instead of one scattered store per value (a warp's
 // 32 ranks are 32 different lines). Arguments as block_rank_desc; ends with
-// a barrier.
+// a barrier. range: as block_rank_buckets.
 template <int kThreads>
 __device__ const uint64_t* block_order_by_rank_desc(uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
-                                                    BlockRankShared<kThreads>& rs) {
+                                                    BlockRankShared<kThreads>& rs,
+                                                    RankRange range = RankRange{}) {
   const int tid = int(threadIdx.x);
   if (c <= kRankByCountingMaxC) {
     for (int i = tid; i < c; i += kThreads) spill[rank_by_counting(a, c, a[i])] = a[i];
     __syncthreads();
     return spill;
   }
-  RankBuckets rb;
-  if (!block_scatter_rank_buckets<kThreads>(a, c, spill, bins, rs, &rb)) return nullptr;
+  const RankBuckets rb = block_rank_buckets<kThreads>(a, c, rs, range);
+  if (!block_scatter_rank_buckets<kThreads>(a, c, rb, spill, bins, rs)) return nullptr;
   for (int i = tid; i < c; i += kThreads) {
     const uint64_t e = spill[i];
     a[rank_in_buckets(e, spill, bins, rb)] = e;

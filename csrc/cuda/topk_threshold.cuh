@@ -121,6 +121,7 @@ struct ThresholdShared {
   DigitPick pick;
   uint32_t candidates;
   uint32_t kept;  // block_keep_k_largest's slots
+  unsigned long long candidates_hi;  // the largest candidate (CompactAtLeast::publish_largest)
 };
 
 // Step of the first read: each thread's kR group maxima of packed values
@@ -159,6 +160,7 @@ struct CompactAtLeast {
   uint32_t pending = 0;  // ... handed to emit by between()
   uint32_t slot = 0;
   uint32_t reserved_end = 0;  // *counter after this warp's reservation in the step (0: none)
+  P largest = 0;              // of this thread's candidates
   __device__ JAX_TOPK_FORCE_INLINE P packed(U bits, int i) const {
     return KeyIndexPacking<U, P>::pack(codec.key(bits), uint32_t(i));
   }
@@ -185,10 +187,21 @@ struct CompactAtLeast {
     slot = warp_shfl(base, kWarpSize - 1) + inclusive - count;
   }
   __device__ JAX_TOPK_FORCE_INLINE void emit(U bits, int i) {
-    if (slot < capacity) out[slot] = packed(bits, i);
+    const P p = packed(bits, i);
+    if (slot < capacity) out[slot] = p;
+    largest = max_of(largest, p);
     ++slot;
   }
   __device__ JAX_TOPK_FORCE_INLINE void after_step() {}
+  // After the walk, before the barrier that ends it: the block's largest
+  // candidate into *hi (zeroed before the walk), so that the rank needs no
+  // pass of its own to find its range. Every lane of every warp calls it.
+  __device__ JAX_TOPK_FORCE_INLINE void publish_largest(unsigned long long* hi) const {
+    unsigned long long m = largest;
+JAX_TOPK_UNROLL
+    for (int d = kWarpSize / 2; d > 0; d /= 2) m = max_of(m, shfl_xor_wide(m, d));
+    if (lane_id() == 0) atomicMax(hi, m);
+  }
 };
 
 // The k-th largest of a[0:count) (1 <= k <= count; values may repeat, e.g.
@@ -270,7 +283,10 @@ JAX_TOPK_UNROLL
   walk_row_steps<U, kUnroll>(in, len, tid, kThreads, maxima);
 JAX_TOPK_UNROLL
   for (int r = 0; r < kR; ++r) a[r * kThreads + tid] = maxima.m[r];
-  if (tid == 0) ts.candidates = 0;
+  if (tid == 0) {
+    ts.candidates = 0;
+    ts.candidates_hi = 0;
+  }
   __syncthreads();
   timer.mark(kThresholdPhaseMaxima);
   const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, uint32_t(k), hist, ts);
@@ -300,7 +316,10 @@ JAX_TOPK_UNROLL
   for (int q = 0; q < kR; ++q) {
     a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q)));
   }
-  if (tid == 0) ts.candidates = 0;
+  if (tid == 0) {
+    ts.candidates = 0;
+    ts.candidates_hi = 0;
+  }
   __syncthreads();
   timer.mark(kThresholdPhaseMaxima);
   const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts, most);
@@ -347,9 +366,9 @@ template <typename U, int kThreads>
 __device__ bool try_write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
                                              BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
                                              U pad_bits, U* values_row, int32_t* indices_row,
-                                             PhaseTimer* timer = nullptr) {
+                                             PhaseTimer* timer = nullptr, RankRange range = RankRange{}) {
   using P = uint64_t;
-  const P* ordered = block_order_by_rank_desc<kThreads>(a, c, spans, hist, rank_shared);
+  const P* ordered = block_order_by_rank_desc<kThreads>(a, c, spans, hist, rank_shared, range);
   if (ordered == nullptr) return false;  // uniform
   if (timer != nullptr) timer->mark(kThresholdPhaseRank);
   for (int j = int(threadIdx.x); j < k; j += kThreads) {
@@ -362,11 +381,11 @@ template <typename U, int kThreads>
 __device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t* spans, uint32_t* hist,
                                          BlockRankShared<kThreads>& rank_shared, KeyCodec<U> codec,
                                          U pad_bits, U* values_row, int32_t* indices_row,
-                                         PhaseTimer* timer = nullptr) {
+                                         PhaseTimer* timer = nullptr, RankRange range = RankRange{}) {
   using P = uint64_t;
   const int tid = int(threadIdx.x);
   if (try_write_candidates_by_rank<U, kThreads>(a, c, k, spans, hist, rank_shared, codec, pad_bits, values_row,
-                                                indices_row, timer)) {
+                                                indices_row, timer, range)) {
     return;
   }
   // A bucket too full to rank (values clustered far below a few outliers):
@@ -427,13 +446,17 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // cost ptxas 140 bytes of spills.)
     CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact);
+    compact.publish_largest(&ts.candidates_hi);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
     const int c = int(ts.candidates);
     if (c <= kG && (!sampled || c >= k)) {  // uniform
-      // 4. Each candidate's rank is its output slot.
+      // 4. Each candidate's rank is its output slot. Every candidate lies in
+      // [T, the largest]; T = 0 (a row shorter than k: all its elements) is
+      // no bound worth having, the rank finds the smallest then.
+      const RankRange range = t != 0 ? RankRange{t, ts.candidates_hi} : RankRange{};
       write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
-                                            values + row * k, indices + row * k, &timer);
+                                            values + row * k, indices + row * k, &timer, range);
       timer.mark(kThresholdPhaseOrder);
     } else {
       // Too many candidates (or a sample's too few): radix select of the row in this block. Room:

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -518,11 +519,13 @@ void sim_block_bitonic_sort_desc(std::vector<P>& s, int count, int threads) {
   }
 }
 
-// Mirrors block_rank_desc: slots[pos] = the value of rank pos, computed the
-// kernel's way (counting for c <= 256; else buckets from the top, each value
-// counting the members of its bucket above it). False when a bucket is too
-// full (the kernel then sorts).
-bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* slots) {
+// Mirrors block_order_by_rank_desc: slots[pos] = the value of rank pos,
+// computed the kernel's way (counting for c <= 256; else buckets from the
+// top, each value counting the members of its bucket above it). The
+// buckets span [lo, the largest] (the threshold kernel passes T as lo; none:
+// the smallest value). False when a bucket is too full (the kernel then sorts).
+bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* slots,
+                         std::optional<uint64_t> lo_bound = std::nullopt) {
   const int c = int(a.size());
   slots->assign(size_t(c), 0);
   std::vector<int> filled(size_t(c), 0);
@@ -534,7 +537,9 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* 
     for (uint64_t e : a) put(e, int(std::count_if(a.begin(), a.end(), [&](uint64_t o) { return o > e; })));
     return true;
   }
-  const uint64_t lo = *std::min_element(a.begin(), a.end()), hi = *std::max_element(a.begin(), a.end());
+  const uint64_t lo = lo_bound.value_or(*std::min_element(a.begin(), a.end()));
+  const uint64_t hi = *std::max_element(a.begin(), a.end());
+  if (lo > *std::min_element(a.begin(), a.end())) std::abort();  // T bounds every candidate
   const int shift = rank_bucket_shift(lo, hi);
   std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
   for (uint64_t e : a) {
@@ -748,7 +753,7 @@ bool sim_threshold_rank(const std::vector<U>& row, int64_t len, int64_t k, uint6
       g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, c * 100 / k);
     }
     std::vector<P> slots;
-    if (!sim_block_rank_desc(cand, &slots)) {  // a bucket too full: the sort
+    if (!sim_block_rank_desc(cand, &slots, t != 0 ? std::optional<P>(t) : std::nullopt)) {  // too full: the sort
       ++g_threshold_sorted;
       if (std::getenv("SIM_VERBOSE")) std::printf("rank fallback n=%lld k=%lld c=%lld pattern=%d\n", (long long)n, (long long)k, (long long)c, pattern);
       const int count = int(next_pow2(std::max(c, k)));
