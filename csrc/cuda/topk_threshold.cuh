@@ -564,14 +564,19 @@ __global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, k
     StreamCompact<U, kThreads> stream{{codec, t, &ts.candidates, a, uint32_t(kBuffer)},
                                       uint32_t(kG), uint32_t(k), spans, hist, &ts};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, stream);
+    stream.publish_largest(&ts.candidates_hi);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
-    // 3. At most G candidates, ranked.
+    // 3. At most G candidates, ranked. Every candidate is at or above the
+    // last T (each keep drops those below it; later steps add none), and at
+    // most the largest the walk saw.
+    P last_t = stream.t;
     if (int(ts.candidates) > kG) {  // uniform
-      block_keep_k_largest<kThreads>(a, &ts.candidates, uint32_t(k), spans, hist, ts);
+      last_t = block_keep_k_largest<kThreads>(a, &ts.candidates, uint32_t(k), spans, hist, ts);
     }
+    const RankRange range = last_t != 0 ? RankRange{last_t, ts.candidates_hi} : RankRange{};
     write_candidates_by_rank<U, kThreads>(a, int(ts.candidates), k, spans, hist, rank_shared, codec,
-                                          lengths.pad_bits, values + row * k, indices + row * k, &timer);
+                                          lengths.pad_bits, values + row * k, indices + row * k, &timer, range);
     timer.mark(kThresholdPhaseOrder);
     __syncthreads();  // shared memory is reused by the next row
   }
