@@ -358,7 +358,8 @@ __device__ uint64_t block_keep_k_largest(uint64_t* a, uint32_t* count, uint32_t 
 // padding. The candidates are put in order in shared memory first and the k
 // slots written in order (block_order_by_rank_desc). spans: c values for the
 // rank's buckets; a[] holds at least next_pow2(max(c, k)) values for the
-// sort fallback.
+// sort fallback. range: bounds of the candidates where the caller knows them
+// (block_rank_buckets); timer: marks kThresholdPhaseRank once they are in order.
 // The ranking half of write_candidates_by_rank (any c: ranks past k are not
 // written): false, having written nothing and left a[] as it was, where a
 // bucket is too full to rank.
