@@ -122,6 +122,11 @@ struct ThresholdShared {
   uint32_t candidates;
   uint32_t kept;  // block_keep_k_largest's slots
   unsigned long long candidates_hi;  // the largest candidate (CompactAtLeast::publish_largest)
+  // Before a row's compaction (one thread, then a barrier).
+  __device__ JAX_TOPK_FORCE_INLINE void reset_candidates() {
+    candidates = 0;
+    candidates_hi = 0;
+  }
 };
 
 // Step of the first read: each thread's kR group maxima of packed values
@@ -283,10 +288,7 @@ JAX_TOPK_UNROLL
   walk_row_steps<U, kUnroll>(in, len, tid, kThreads, maxima);
 JAX_TOPK_UNROLL
   for (int r = 0; r < kR; ++r) a[r * kThreads + tid] = maxima.m[r];
-  if (tid == 0) {
-    ts.candidates = 0;
-    ts.candidates_hi = 0;
-  }
+  if (tid == 0) ts.reset_candidates();
   __syncthreads();
   timer.mark(kThresholdPhaseMaxima);
   const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, uint32_t(k), hist, ts);
@@ -316,10 +318,7 @@ JAX_TOPK_UNROLL
   for (int q = 0; q < kR; ++q) {
     a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q)));
   }
-  if (tid == 0) {
-    ts.candidates = 0;
-    ts.candidates_hi = 0;
-  }
+  if (tid == 0) ts.reset_candidates();
   __syncthreads();
   timer.mark(kThresholdPhaseMaxima);
   const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts, most);

@@ -537,9 +537,9 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* 
     for (uint64_t e : a) put(e, int(std::count_if(a.begin(), a.end(), [&](uint64_t o) { return o > e; })));
     return true;
   }
-  const uint64_t lo = lo_bound.value_or(*std::min_element(a.begin(), a.end()));
-  const uint64_t hi = *std::max_element(a.begin(), a.end());
-  if (lo > *std::min_element(a.begin(), a.end())) std::abort();  // T bounds every candidate
+  const uint64_t smallest = *std::min_element(a.begin(), a.end());
+  const uint64_t lo = lo_bound.value_or(smallest), hi = *std::max_element(a.begin(), a.end());
+  if (lo > smallest) std::abort();  // T bounds every candidate
   const int shift = rank_bucket_shift(lo, hi);
   std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
   for (uint64_t e : a) {

@@ -1155,10 +1155,14 @@ void run_ragged_bench(int64_t k) {
     const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, k, r);
     void* scratch = nullptr;
     if (bytes) CHECK_CUDA(cudaMalloc(&scratch, bytes));
-    auto launch_on = [&](int i, cudaStream_t stream) {
-      CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, kRows,
-                                           kN, k, lengths, scratch, bytes, stream, r));
+    // The launch of rows [first, first + rows) of the batch.
+    auto launch_rows = [&](int64_t first, int64_t rows) {
+      return [&, first, rows](int i, cudaStream_t stream) {
+        CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)] + first * kN, values, indices,
+                                             rows, kN, k, lengths + first, scratch, bytes, stream, r));
+      };
     };
+    const auto launch_on = launch_rows(0, kRows);
     auto launch = [&](int i) { launch_on(i, 0); };
 #if defined(JAX_TOPK_PHASE_TIMING)
     unsigned long long cycles[jax_topk::cuda::kPhaseTimerSlots];
@@ -1182,17 +1186,11 @@ void run_ragged_bench(int64_t k) {
       // (the launch of the blocks or clusters against the work of a row).
       std::printf("    graph us of the first rows:");
       for (int64_t rows : {1, 2, 4, 8, 16, 31}) {
-        std::printf("  %lld: %.1f", (long long)rows, graph_launch_us([&](int i, cudaStream_t stream) {
-          CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)], values, indices, rows,
-                                               kN, k, lengths, scratch, bytes, stream, r));
-        }, 32));
+        std::printf("  %lld: %.1f", (long long)rows, graph_launch_us(launch_rows(0, rows), 32));
       }
       std::printf("\n    graph us of each row alone (length):");
       for (int64_t row = 0; row < kRows; ++row) {
-        std::printf(" %.1f (%d)", graph_launch_us([&](int i, cudaStream_t stream) {
-          CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)] + row * kN, values, indices,
-                                               1, kN, k, lengths + row, scratch, bytes, stream, r));
-        }, 32), host_lengths[size_t(row)]);
+        std::printf(" %.1f (%d)", graph_launch_us(launch_rows(row, 1), 32), host_lengths[size_t(row)]);
       }
       std::printf("\n");
     }
