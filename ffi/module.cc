@@ -205,6 +205,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         // Thresholds on rows per SM (the tests multiply by the device's SMs).
         nb::dict per_sm;
         per_sm["threshold_narrow_min"] = jax_topk::kThresholdNarrowMinRowsPerSm;
+        per_sm["threshold_sampled_narrow_min"] = jax_topk::kThresholdSampledNarrowMinRowsPerSm;
         d["topk_rows_per_sm_thresholds"] = per_sm;
         // Thresholds on the input's bytes.
         nb::dict bytes;

@@ -128,6 +128,27 @@ def test_threshold_block_width_boundary(rng):
                           lengths=user_lengths(rows_min, 4096, 100, rng))
 
 
+def test_threshold_sampled_narrow_boundary(rng):
+    # Narrow threshold blocks whose k alone gives too few slots for a sampled
+    # threshold (k = 64 of 8192) take 8 slots and a sample from
+    # threshold_sampled_narrow_min rows per SM on; one row fewer, the two
+    # reads. Rows made against the sample (too few or too many candidates)
+    # fall back to the radix select in either.
+    build = jax_topk.info()["platforms"]["cuda"]["build"]
+    sms = getattr(GPU, "core_count", None)
+    per_sm = build.get("topk_rows_per_sm_thresholds", {})
+    if not sms or "threshold_sampled_narrow_min" not in per_sm:
+        pytest.skip("the SM count or the threshold is not reported")
+    rows_min = per_sm["threshold_sampled_narrow_min"] * sms
+    for rows in (rows_min - 1, rows_min):
+        for kind in ("random", "ties", "equal"):
+            assert_gpu_equals_cpu(make_input(kind, (rows, 8192), "float32", rng), 64)
+        # Sorted rows: each sample chunk is a run of consecutive values.
+        assert_gpu_equals_cpu(np.tile(np.arange(8192, dtype=np.float32), (rows, 1)), 64)
+    assert_gpu_equals_cpu(make_input("special", (rows_min, 8192), "float32", rng), 33)
+    assert_gpu_equals_cpu(make_input("random", (rows_min, 8192), "bfloat16", rng), 64)
+
+
 def test_threshold_stream_boundary(rng):
     # Few rows (no more than SMs) of at most 512 KB whose input reaches
     # threshold_stream_min bytes take the streamed threshold kernel (the row

@@ -352,7 +352,8 @@ template <typename U, int kThreads, bool kStream>
 gpuError_t launch_threshold_t(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
                               int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
                               gpuStream_t stream) {
-  switch (threshold_slots(k, int(sizeof(U)), kThreads)) {
+  const bool whole_rows = !kStream && lengths.lengths == nullptr;
+  switch (threshold_row_slots(rows, n, k, int(sizeof(U)), kThreads, whole_rows, dev.sm_count)) {
     case 1:
       return launch_threshold_r<U, kThreads, 1, kStream>(dev, x, values, indices, rows, n, k, codec, lengths,
                                                          stream);

@@ -584,6 +584,10 @@ void check_block_sort(std::mt19937_64& rng) {
 }
 
 // ---- threshold row per block (topk_threshold.cuh) --------------------------
+// The device the simulation's slot choices assume (threshold_row_slots): an
+// H100's or H200's SMs, and rows enough for the many-row choice.
+constexpr int kSimSms = 132;
+constexpr int64_t kSimRows = int64_t(1) << 20;
 // Mirror of block_kth_largest: 8-bit digits from the highest bit where the
 // values differ, stop when the chosen bucket is exactly what is still needed
 // (or the digits run out, for repeated zeros), answer = the bucket's minimum.
@@ -787,7 +791,9 @@ bool sim_threshold_u(const std::vector<U>& row, int64_t len, int64_t k, int64_t 
 
 template <KeyKind Kind, typename U, int kThreads>
 bool sim_threshold_t(const std::vector<U>& row, int64_t len, int64_t k, int64_t head, int pattern) {
-  switch (threshold_slots(k, int(sizeof(U)), kThreads)) {
+  // As on a device of kSimSms SMs with many rows (narrow blocks' sampled slots).
+  switch (threshold_row_slots(kSimRows, int64_t(row.size()), k, int(sizeof(U)), kThreads, len == int64_t(row.size()),
+                              kSimSms)) {
     case 1: return sim_threshold_u<Kind, U, kThreads, 1>(row, len, k, head, pattern);
     case 2: return sim_threshold_u<Kind, U, kThreads, 2>(row, len, k, head, pattern);
     case 8: return sim_threshold_u<Kind, U, kThreads, 8>(row, len, k, head, pattern);
@@ -1085,12 +1091,14 @@ void run_width(std::mt19937_64& rng) {
   // sample (its chunks high and the rest low: too few candidates; the
   // reverse: too many), which take the radix select.
   if constexpr (sizeof(U) <= 4) for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 1024}, {32768, 600},
-                                                          {65536, 2048}, {8192, 256}}) {
+                                                          {65536, 2048}, {8192, 256}, {8192, 64}}) {
     for (int pattern = 0; pattern < kRowPatterns; ++pattern) {
       if (n == 131072 && pattern != 0 && pattern != 3) continue;  // keep the run short
       report<U>(sim_threshold<Kind, U>(make_row<U>(rng, n, pattern), n, k, 0, pattern), "threshold", n, k, pattern, 0);
     }
-    const int64_t slots = int64_t(kThresholdWideThreads) * threshold_slots(k, int(sizeof(U)), kThresholdWideThreads);
+    const int64_t slots = int64_t(kThresholdWideThreads) * threshold_row_slots(kSimRows, n, k, int(sizeof(U)),
+                                                                               kThresholdWideThreads,
+                                                                               /*whole_rows=*/true, kSimSms);
     const int64_t chunks = slots / kThresholdSampleChunk;
     if (threshold_sample(n, k, slots).rank == 0) continue;  // narrow keys: more slots, too few per sample
     for (bool chunks_high : {true, false}) {

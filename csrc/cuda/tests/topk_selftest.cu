@@ -19,8 +19,14 @@
 //        ./topk_selftest --dry-run  count the cases (no GPU needed)
 //        ./topk_selftest --lengths  only the per-row lengths cases (with --quick: fewer)
 //        ./topk_selftest --max-elements N   only cases of at most N elements (sanitizers)
-//        ./topk_selftest --no-clusters  skip the cases forced onto the cluster kernel
-//                                   (compute-sanitizer's racecheck faults on it)
+//        ./topk_selftest --min-elements N   only cases of at least N elements (with
+//                                   --max-elements: one band, e.g. the narrow threshold
+//                                   blocks' cases, which start at hundreds of rows)
+//        ./topk_selftest --no-clusters  no cluster kernel: the cases forced onto it
+//                                   are skipped, and those the dispatcher sends to it
+//                                   run in the regime it picks without clusters
+//                                   (compute-sanitizer's racecheck faults on a cluster
+//                                   launch that its kernel filter leaves out)
 //        ./topk_selftest --sort     the sort suite instead (both directions; with --big
 //                                   also several chunks of the tile regime; with
 //                                   --bench the sort timings in every regime)
@@ -80,6 +86,7 @@ namespace {
 
 int g_sm_count = 0;
 bool g_has_clusters = false;  // compute capability 9.0+: the cluster regime exists
+bool g_no_clusters = false;   // --no-clusters on a device that has them
 bool g_compare_regimes = false;  // --bench --regimes: also time the other regimes
 double g_clock_khz = 1.0;  // SM clock (phase timing)
 size_t g_l2_bytes = 0;
@@ -346,10 +353,13 @@ SortRegime sort_regime_for(int64_t rows, int64_t n) {
 std::optional<TopkRegime> g_topk_regime;
 
 std::optional<TopkRegime> forced_topk_regime(int64_t rows, int64_t n, int64_t k, int elem_bytes) {
-  if (g_topk_regime && rows > 0 && k > 0 &&
-      topk_regime_holds(*g_topk_regime, n, k, elem_bytes, g_has_clusters)) {
+  if (rows <= 0 || k <= 0) return std::nullopt;
+  if (g_topk_regime && topk_regime_holds(*g_topk_regime, n, k, elem_bytes, g_has_clusters)) {
     return g_topk_regime;
   }
+  // topk_rows dispatches by the device, which has clusters: the regime the
+  // dispatcher picks without them is forced instead.
+  if (g_no_clusters) return choose_topk_regime(rows, n, k, elem_bytes, g_sm_count, false);
   return std::nullopt;
 }
 
@@ -486,6 +496,7 @@ bool g_dry_run = false;  // count cases and elements only (no GPU needed)
 bool g_lengths_only = false;  // --lengths: only the cases with per-row lengths
 bool g_quick = false;         // --quick: lengths cases for one dtype per key width only
 int64_t g_max_elements = INT64_MAX;  // --max-elements N: skip larger cases (sanitizer runs)
+int64_t g_min_elements = 0;          // --min-elements N: skip smaller cases
 int64_t g_dry_cases = 0, g_dry_elements = 0;
 
 Op g_op = Op::kTopK;  // what run_one runs (the sort suite sets it per direction)
@@ -495,7 +506,7 @@ void run_one(DType d, int64_t rows, int64_t n, int64_t k, Pattern p, bool misali
   static uint64_t seed = 12345;
   ++seed;  // before the filter: a case has the same seed with and without --lengths
   if (g_lengths_only && lengths == Lengths::kNone) return;
-  if (rows * n > g_max_elements) return;
+  if (rows * n > g_max_elements || rows * n < g_min_elements) return;
   // Kernels are per key width; --quick (also the sanitizer runs) keeps the
   // lengths cases to one dtype per width.
   if (g_quick && lengths != Lengths::kNone && d != DType::float32 && d != DType::bfloat16 &&
@@ -753,9 +764,11 @@ void run_suite(bool quick, bool big) {
     for (const auto& [rows, n, k] : {std::tuple<int64_t, int64_t, int64_t>{5, 65536, 2048}, {5, 65536, 1024},
                                      {5, 131072, 1024}, {5, 32768, 600}, {5, 8192, 129}, {5, 8192, 256},
                                      {2 * sm + 3, 65536, 2048}, {2 * sm + 3, 32768, 1024},
+                                     {kThresholdSampledNarrowMinRowsPerSm * sm, 8192, 64},
                                      {narrow_rows, 8192, kThresholdNarrowMaxK}}) {
       const int threads = threshold_block_threads(rows, k, sm);
-      g_sample_slots = int64_t(threads) * jax_topk::cuda::threshold_slots(k, dtype_bytes(d), threads);
+      g_sample_slots = int64_t(threads) * jax_topk::cuda::threshold_row_slots(rows, n, k, dtype_bytes(d), threads,
+                                                                              /*whole_rows=*/true, sm);
       if (threshold_sample(n, k, g_sample_slots).rank == 0) {  // narrower keys: more slots
         if (d != DType::float32) continue;
         std::printf("FAIL the sampled-threshold case %lldx%lld k%lld (%d-byte keys) takes no sample\n",
@@ -1437,10 +1450,11 @@ int main(int argc, char** argv) {
     else if (a == "--sort") sort = true;
     else if (a == "--regimes") g_compare_regimes = true;
     else if (a == "--max-elements" && i + 1 < argc) g_max_elements = std::stoll(argv[++i]);
+    else if (a == "--min-elements" && i + 1 < argc) g_min_elements = std::stoll(argv[++i]);
     else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else if (a == "--no-clusters") no_clusters = true;
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--only SHAPE] [--regimes] [--no-clusters]\n",
+      std::fprintf(stderr, "usage: %s [--quick] [--big] [--bench] [--dry-run] [--lengths] [--sort] [--max-elements N] [--min-elements N] [--only SHAPE] [--regimes] [--no-clusters]\n",
                    argv[0]);
       return 2;
     }
@@ -1459,6 +1473,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   g_sm_count = prop.multiProcessorCount;
   g_has_clusters = prop.major >= 9 && !no_clusters;
+  g_no_clusters = prop.major >= 9 && no_clusters;
   {
     int khz = 0;
     CHECK_CUDA(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));

@@ -120,6 +120,13 @@ inline constexpr int kThresholdWideThreads = 512;
 inline constexpr int kThresholdNarrowThreads = 128;
 inline constexpr int64_t kThresholdNarrowMaxK = 256;
 inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
+// Rows per SM from which narrow blocks take 8 slots where their k alone
+// would give fewer and no sampled threshold (threshold_row_slots in
+// topk_threshold.cuh: a sample and one read of the row instead of two).
+// Measured on an H100 (benchmarks/results/NOTES.md, twenty-ninth session;
+// CUDA graph, rows of 8192 float32, k = 64): 1056 rows 28.4 -> 26.3 us and
+// 2112 rows 50.0 -> 47.2, but 528 rows (4 per SM) 17.3 -> 18.6.
+inline constexpr int64_t kThresholdSampledNarrowMinRowsPerSm = 8;
 
 // Sampled threshold (kThresholdRowPerBlock, whole rows only: no lengths).
 // The two-read kernel's first read exists only to find T, a key with at
