@@ -1244,8 +1244,9 @@ void run_bench(const std::string& only) {
     }
     // Rows per SM around kThresholdNarrowMinRowsPerSm, where the threshold
     // kernel's narrow and wide blocks cross (and, at n <= 2048, where it
-    // meets the warp kernels).
-    for (int64_t per_sm : {1, 2, 4, 8, 16}) {
+    // meets the warp kernels), and kThresholdSampledNarrowMinRowsPerSm, where
+    // narrow blocks sample rows of 8192 at k = 64.
+    for (int64_t per_sm : {1, 2, 4, 6, 8, 16}) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8192, 64}, {8192, 256}, {4096, 128}, {2048, 32}}) {
         shapes.push_back({per_sm * g_sm_count, n, k, 0});
       }

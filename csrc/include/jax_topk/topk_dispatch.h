@@ -124,9 +124,13 @@ inline constexpr int64_t kThresholdNarrowMinRowsPerSm = 4;
 // would give fewer and no sampled threshold (threshold_row_slots in
 // topk_threshold.cuh: a sample and one read of the row instead of two).
 // Measured on an H100 (benchmarks/results/NOTES.md, twenty-ninth session;
-// CUDA graph, rows of 8192 float32, k = 64): 1056 rows 28.4 -> 26.3 us and
-// 2112 rows 50.0 -> 47.2, but 528 rows (4 per SM) 17.3 -> 18.6.
-inline constexpr int64_t kThresholdSampledNarrowMinRowsPerSm = 8;
+// CUDA graph, rows of 8192 float32, k = 64, two reads -> sampled): 528 rows
+// (4 per SM) 17.3 -> 18.6 us, 792 (6 per SM) 22.3 -> 21.8, 1024 27.6 ->
+// 25.3, 1056 28.4 -> 26.0, 2112 49.4 -> 46.7.
+#ifndef JAX_TOPK_THRESHOLD_SAMPLED_NARROW_MIN_ROWS_PER_SM  // a build-time override for A/B measurements only
+#define JAX_TOPK_THRESHOLD_SAMPLED_NARROW_MIN_ROWS_PER_SM 6
+#endif
+inline constexpr int64_t kThresholdSampledNarrowMinRowsPerSm = JAX_TOPK_THRESHOLD_SAMPLED_NARROW_MIN_ROWS_PER_SM;
 
 // Sampled threshold (kThresholdRowPerBlock, whole rows only: no lengths).
 // The two-read kernel's first read exists only to find T, a key with at
