@@ -187,6 +187,7 @@ README_RESULTS = [
     "cpu-x86-64-2cores.json",
     "cpu-x86-64-2cores-sort.json",
     "nvidia-h200.json",
+    "nvidia-h100-80gb-hbm3.json",
     "nvidia-h200-sort.json",
     "nvidia-h200-ragged.json",
     "nvidia-h200-routing.json",
