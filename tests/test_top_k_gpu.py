@@ -132,8 +132,8 @@ def test_threshold_sampled_narrow_boundary(rng):
     # Narrow threshold blocks whose k alone gives too few slots for a sampled
     # threshold (k = 64 of 8192) take 8 slots and a sample from
     # threshold_sampled_narrow_min rows per SM on; one row fewer, the two
-    # reads. Rows made against the sample (too few or too many candidates)
-    # fall back to the radix select in either.
+    # reads. (Rows made against the sample, which take the radix select, are
+    # the CUDA self-test's.)
     build = jax_topk.info()["platforms"]["cuda"]["build"]
     sms = getattr(GPU, "core_count", None)
     per_sm = build.get("topk_rows_per_sm_thresholds", {})
