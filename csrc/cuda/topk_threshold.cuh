@@ -142,6 +142,13 @@ struct ThresholdShared {
     candidates = 0;
     candidates_hi = 0;
   }
+  // After it: the candidates' bounds for the rank, [lower, the largest],
+  // where lower is the T every candidate is at or above. T = 0 (a row
+  // shorter than k: all its elements) is no bound worth having; the rank
+  // then finds the smallest itself.
+  __device__ JAX_TOPK_FORCE_INLINE RankRange candidates_range(uint64_t lower) const {
+    return lower != 0 ? RankRange{lower, candidates_hi} : RankRange{};
+  }
 };
 
 // Step of the first read: each thread's kR group maxima of packed values
@@ -466,12 +473,10 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     timer.mark(kThresholdPhaseCompact);
     const int c = int(ts.candidates);
     if (c <= kG && (!sampled || c >= k)) {  // uniform
-      // 4. Each candidate's rank is its output slot. Every candidate lies in
-      // [T, the largest]; T = 0 (a row shorter than k: all its elements) is
-      // no bound worth having, the rank finds the smallest then.
-      const RankRange range = t != 0 ? RankRange{t, ts.candidates_hi} : RankRange{};
+      // 4. Each candidate's rank is its output slot; every candidate lies in
+      // [T, the largest].
       write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
-                                            values + row * k, indices + row * k, &timer, range);
+                                            values + row * k, indices + row * k, &timer, ts.candidates_range(t));
       timer.mark(kThresholdPhaseOrder);
     } else {
       // Too many candidates (or a sample's too few): radix select of the row in this block. Room:
@@ -589,9 +594,9 @@ __global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, k
     if (int(ts.candidates) > kG) {  // uniform
       last_t = block_keep_k_largest<kThreads>(a, &ts.candidates, uint32_t(k), spans, hist, ts);
     }
-    const RankRange range = last_t != 0 ? RankRange{last_t, ts.candidates_hi} : RankRange{};
     write_candidates_by_rank<U, kThreads>(a, int(ts.candidates), k, spans, hist, rank_shared, codec,
-                                          lengths.pad_bits, values + row * k, indices + row * k, &timer, range);
+                                          lengths.pad_bits, values + row * k, indices + row * k, &timer,
+                                          ts.candidates_range(last_t));
     timer.mark(kThresholdPhaseOrder);
     __syncthreads();  // shared memory is reused by the next row
   }
