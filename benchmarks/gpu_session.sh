@@ -117,7 +117,10 @@ for s in "$@"; do
       # The threshold kernel's narrow blocks start at hundreds of rows (528 x 200
       # on 132 SMs); all cases up to there outrun a call.
       step racecheck_threshold_narrow 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
-        --kernel-name kns=threshold "$SELFTEST" --quick --min-elements 100000 --max-elements 110000 --no-clusters ;;
+        --kernel-name kns=threshold "$SELFTEST" --quick --min-elements 100000 --max-elements 110000 --no-clusters
+      # The cluster kernel's sampled threshold starts at 17 rows of 32768.
+      step racecheck_cluster_sampled 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+        --kernel-name kns=cluster_topk "$SELFTEST" --quick --min-elements 550000 --max-elements 560000 ;;
     bench)
       step bench 500 python3 benchmarks/run.py --repeats 10 --out "$OUT" ;;
     tests_gpu_quick)

@@ -219,6 +219,44 @@ def test_cluster_bins_boundary(rng):
         assert_gpu_equals_cpu(make_input("equal", (3, n), "float32", rng), 511, check_oracle=True)
 
 
+def test_cluster_sampled_boundary(rng):
+    # More than max_rows_radix whole rows of 32768..131072 take a cluster per
+    # row with a sampled threshold while the clusters' blocks (ceil(row
+    # bytes / chunk_bytes), at least two) fit the SMs (wide_sm_share of them
+    # for clusters of more than two); one row more, the threshold kernel. Rows made against the sample (its chunks high or
+    # low), all-equal and sorted rows take the radix select in the same
+    # kernel, over the chunks it holds; rows with lengths, their own sample.
+    build = jax_topk.info()["platforms"]["cuda"]["build"]
+    sms = getattr(GPU, "core_count", None)
+    if not sms or "topk_cluster_sampled" not in build:
+        pytest.skip("the SM count or the cluster's sampled threshold are not reported")
+    sampled = build["topk_cluster_sampled"]
+    slots = sampled["sample_slots"]
+    for n, k in ((65536, 2048), (131072, 1024), (32768, 100)):
+        blocks = max(2, -(-n * 4 // sampled["chunk_bytes"]))
+        rows_most = int((sampled["wide_sm_share"] * sms if blocks > 2 else sms) // blocks)
+        for rows in (sampled["max_rows_radix"] + 1, rows_most, rows_most + 1):
+            assert_gpu_equals_cpu(make_input("random", (rows, n), "float32", rng), k)
+        rows = sampled["max_rows_radix"] + 1
+        for kind in ("ties", "equal", "special"):
+            assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
+        assert_gpu_equals_cpu(np.sort(make_input("random", (rows, n), "float32", rng), axis=1), k)
+        assert_gpu_equals_cpu(make_input("random", (rows, n), "bfloat16", rng), k)
+        assert_gpu_equals_cpu(make_input("random", (rows, n), "float32", rng), k,
+                              lengths=user_lengths(rows, n, k, rng))
+        # The sample: slots / 32 chunks of 32 elements, spread evenly
+        # (threshold_sample_chunk_start in topk_dispatch.h).
+        chunks = slots // 32
+        step = ((n - 32) << 32) // (chunks - 1)
+        starts = ((np.arange(chunks, dtype=np.uint64) * np.uint64(step)) >> np.uint64(32)).astype(np.int64)
+        in_sample = np.zeros(n, dtype=bool)
+        in_sample[(starts[:, None] + np.arange(32)).ravel()] = True
+        noise = make_input("random", (rows, n), "float32", rng)
+        for high in (True, False):
+            x = np.where(in_sample == high, noise + 100.0, noise).astype(np.float32)
+            assert_gpu_equals_cpu(x, k, check_oracle=True)
+
+
 def test_many_rows_and_one_long_row(rng):
     assert_gpu_equals_cpu(make_input("random", (16384, 256), "float32", rng), 8)
     assert_gpu_equals_cpu(make_input("ties", (1, 1 << 22), "float32", rng), 2048)

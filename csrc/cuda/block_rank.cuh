@@ -150,16 +150,26 @@ JAX_TOPK_UNROLL
   return true;
 }
 
+// The span [begin, end) of spill that block_scatter_rank_buckets gave e's bucket.
+struct BucketSpan {
+  int begin, end;
+};
+__device__ JAX_TOPK_FORCE_INLINE BucketSpan bucket_span(uint64_t e, const uint32_t* bins, RankBuckets rb) {
+  const uint32_t b = rb.of(e);
+  return BucketSpan{b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0, int(bins[b])};
+}
+
 // Rank from the top of e among all the values block_scatter_rank_buckets put:
-// the buckets above its own, plus the members of its own above it.
+// the buckets above its own (its span's begin), plus the members of its own
+// above it.
+__device__ JAX_TOPK_FORCE_INLINE int rank_in_span(uint64_t e, const uint64_t* spill, BucketSpan span) {
+  int rank = span.begin;
+  for (int j = span.begin; j < span.end; ++j) rank += spill[j] > e ? 1 : 0;
+  return rank;
+}
 __device__ JAX_TOPK_FORCE_INLINE int rank_in_buckets(uint64_t e, const uint64_t* spill, const uint32_t* bins,
                                                      RankBuckets rb) {
-  const uint32_t b = rb.of(e);
-  const int begin = b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0;
-  const int end = int(bins[b]);
-  int rank = begin;
-  for (int j = begin; j < end; ++j) rank += spill[j] > e ? 1 : 0;
-  return rank;
+  return rank_in_span(e, spill, bucket_span(e, bins, rb));
 }
 
 // Rank from the top of `mine` among a[0:c) by counting (c <= kRankByCountingMaxC).
@@ -170,26 +180,44 @@ __device__ JAX_TOPK_FORCE_INLINE int rank_by_counting(const uint64_t* a, int c, 
   return rank;
 }
 
-// Calls emit(value, pos) for every value a[i], first <= i < last, of the c
-// values a[0:c); pos = its rank from the top among all c (0 = largest). a: c
-// distinct values, written and followed by a barrier. Several blocks holding
-// the same a[] may split [0, c) between them (the cluster kernel): each
-// ranks its slice against all c. spill: room for c values (the bucket
-// spans); bins: kRankBuckets u32. Returns false, having emitted nothing, when
-// a bucket is too full (the caller then sorts); every thread gets the same
-// answer. Ends with a barrier.
+// Calls emit(value, pos) for each of the c values of a[0:c) whose rank pos
+// (from the top among all c, 0 = largest) is below `wanted`, in the share of
+// part `part` of `parts`: several blocks holding the same a[] split the work
+// (the cluster kernel), and each such value is emitted by exactly one part.
+// Counting, a part takes a slice of a[]. Bucketed, it takes the buckets
+// whose span begins in its slice of [0, min(c, wanted)): by spans, not by
+// positions in spill[], whose order within a bucket differs from block to
+// block (the scatter's atomics); a value's rank lies within its bucket's
+// span, so a warp's emits fall on few lines. a: c distinct values, written
+// and followed by a barrier. spill: room for c values; bins: kRankBuckets
+// u32; range: as block_rank_buckets. Returns false, having emitted nothing,
+// when a bucket is too full (the caller then sorts); every thread gets the
+// same answer. Ends with a barrier.
 template <int kThreads, typename Emit>
-__device__ bool block_rank_desc(const uint64_t* a, int c, int first, int last, uint64_t* spill,
-                                uint32_t* bins, BlockRankShared<kThreads>& rs, Emit&& emit) {
+__device__ bool block_rank_desc(const uint64_t* a, int c, int wanted, int part, int parts, uint64_t* spill,
+                                uint32_t* bins, BlockRankShared<kThreads>& rs, RankRange range, Emit&& emit) {
   const int tid = int(threadIdx.x);
   if (c <= kRankByCountingMaxC) {
-    for (int i = first + tid; i < last; i += kThreads) emit(a[i], rank_by_counting(a, c, a[i]));
+    const int first = int(int64_t(c) * part / parts), last = int(int64_t(c) * (part + 1) / parts);
+    for (int i = first + tid; i < last; i += kThreads) {
+      const int pos = rank_by_counting(a, c, a[i]);
+      if (pos < wanted) emit(a[i], pos);
+    }
     __syncthreads();
     return true;
   }
-  const RankBuckets rb = block_rank_buckets<kThreads>(a, c, rs, RankRange{});
+  const RankBuckets rb = block_rank_buckets<kThreads>(a, c, rs, range);
   if (!block_scatter_rank_buckets<kThreads>(a, c, rb, spill, bins, rs)) return false;
-  for (int i = first + tid; i < last; i += kThreads) emit(a[i], rank_in_buckets(a[i], spill, bins, rb));
+  const int covered = min_of(c, wanted);  // spans beginning at or past it hold no rank below wanted
+  const int first = int(int64_t(covered) * part / parts), last = int(int64_t(covered) * (part + 1) / parts);
+  const int end = min_of(c, last + int(kRankMaxBucket));  // the last owned span ends before it
+  for (int p = first + tid; p < end; p += kThreads) {
+    const uint64_t e = spill[p];
+    const BucketSpan span = bucket_span(e, bins, rb);
+    if (span.begin < first || span.begin >= last) continue;  // another part's bucket
+    const int pos = rank_in_span(e, spill, span);
+    if (pos < wanted) emit(e, pos);
+  }
   __syncthreads();
   return true;
 }

@@ -384,25 +384,37 @@ gpuError_t launch_threshold(const DeviceInfo& dev, const U* x, U* values, int32_
   }
 }
 
-// kClusterRows: a cluster of cluster_blocks_per_row(rows, n, SMs) blocks per row.
+// kClusterRows: a cluster of cluster_blocks_per_row blocks per row; the
+// sampled threshold's instantiation where cluster_sampled_dispatch holds.
+template <typename U, bool kSampled>
+gpuError_t launch_cluster_rows_s(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                                 int64_t n, int64_t k, int blocks, KeyCodec<U> codec, RowLengths<U> lengths,
+                                 gpuStream_t stream) {
+#if defined(JAX_TOPK_HAS_CLUSTERS)
+  if constexpr (sizeof(U) <= 4) {
+    if (rows * blocks > INT_MAX) return gpuErrorInvalidValue;
+    auto kernel = cluster_topk_rows_kernel<U, kSampled>;
+    const size_t smem = cluster_smem_bytes<U>(cluster_chunk<U>(n, blocks), k, kSampled);
+    gpuError_t err = allow_dynamic_smem(dev, kernel, smem);
+    if (err != gpuSuccess) return err;
+    const ThresholdSample sample = kSampled ? threshold_sample(n, k, kClusterSampleSlots) : ThresholdSample{0, 0};
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = cluster_launch_config(rows, blocks, smem, stream, &attribute);
+    return cudaLaunchKernelEx(&config, kernel, x, n, k, sample, codec, lengths, values, indices);
+  }
+#endif
+  return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys, and GPUs without clusters, off this regime
+}
+
 template <typename U>
 gpuError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                 int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
                                 RowLengths<U> lengths, gpuStream_t stream) {
-#if defined(JAX_TOPK_HAS_CLUSTERS)
-  if constexpr (sizeof(U) <= 4) {
-    const int blocks = cluster_blocks_per_row(rows, n, dev.sm_count);
-    if (rows * blocks > INT_MAX) return gpuErrorInvalidValue;
-    auto kernel = cluster_topk_rows_kernel<U>;
-    const size_t smem = cluster_smem_bytes<U>(cluster_chunk<U>(n, blocks), k);
-    gpuError_t err = allow_dynamic_smem(dev, kernel, smem);
-    if (err != gpuSuccess) return err;
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = cluster_launch_config(rows, blocks, smem, stream, &attribute);
-    return cudaLaunchKernelEx(&config, kernel, x, n, k, codec, lengths, values, indices);
+  const int blocks = cluster_blocks_per_row(rows, n, k, int(sizeof(U)), dev.sm_count);
+  if (cluster_sampled_dispatch(rows, n, k, int(sizeof(U)), dev.sm_count)) {
+    return launch_cluster_rows_s<U, true>(dev, x, values, indices, rows, n, k, blocks, codec, lengths, stream);
   }
-#endif
-  return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys, and GPUs without clusters, off this regime
+  return launch_cluster_rows_s<U, false>(dev, x, values, indices, rows, n, k, blocks, codec, lengths, stream);
 }
 
 // kRegisterRows: one block per row (a grid-stride loop when the rows

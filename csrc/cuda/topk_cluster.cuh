@@ -29,6 +29,16 @@
 // each candidate ranked within its bin. A row the sample does not fit takes
 // the radix select above.
 //
+// Whole rows that cluster_sampled_dispatch sends here (more rows than the
+// radix passes' barriers suit; the method is in topk_dispatch.h) take a
+// sampled threshold instead (kernel instantiation kSampled): every block
+// issues the loads of the same sample of the whole row, then copies its chunk
+// into shared memory asynchronously (cp.async) and, while the copies fly,
+// selects T from the sample as the threshold kernel does; it then compacts
+// its chunk's elements >= T, and two cluster barriers exchange the counts
+// and the candidates, which each block ranks in a 1/C slice. A row whose
+// count misses [k, kClusterSampleSlots] takes the radix select above.
+//
 // Per-row lengths: the row's first len elements are split over the C blocks
 // (chunk = ceil(len / C), rounded up to a 16-byte vector), so short rows of a
 // ragged batch still use the whole cluster. Rows with len <= k select all.
@@ -41,7 +51,9 @@
 #endif
 
 #include "cuda/block_rank.cuh"
+#include "cuda/mma.cuh"  // cp.async (the sampled threshold's chunk copies)
 #include "cuda/topk_bitonic.cuh"
+#include "cuda/topk_threshold.cuh"
 #include "jax_topk/topk_dispatch.h"
 
 namespace jax_topk::cuda {
@@ -70,15 +82,23 @@ JAX_TOPK_HOST_DEVICE constexpr int64_t cluster_candidate_slots(int64_t k) {
   return radix > bins ? radix : bins;
 }
 
+// The sampled threshold's slots: the sample, then every candidate of the
+// row (at most kClusterSampleSlots), and as many again for the block's own
+// candidates, then the rank's bucket spans.
+inline constexpr int64_t kClusterSampledSlots = 2 * kClusterSampleSlots;
+
 // Dynamic shared memory: the two histogram buffers (read by the other
 // blocks), the rank's buckets, the keys of the chunk (chunk_capacity
 // elements) and the candidate slots.
 template <typename U>
-JAX_TOPK_HOST_DEVICE constexpr size_t cluster_smem_bytes(int64_t chunk_capacity, int64_t k) {
+JAX_TOPK_HOST_DEVICE constexpr size_t cluster_smem_bytes(int64_t chunk_capacity, int64_t k, bool sampled) {
   const size_t words = size_t(2 * kClusterBins + kRankBuckets) * sizeof(uint32_t);
   const size_t keys = (size_t(chunk_capacity) * sizeof(U) + 15) / 16 * 16;
-  return words + keys + size_t(cluster_candidate_slots(k)) * sizeof(uint64_t);
+  const int64_t slots = sampled ? max_of(cluster_candidate_slots(k), kClusterSampledSlots) : cluster_candidate_slots(k);
+  return words + keys + size_t(slots) * sizeof(uint64_t);
 }
+static_assert(kThresholdSelectPasses * kThresholdSelectBins <= 2 * kClusterBins + kRankBuckets,
+              "the sample's select histograms live in the words");
 
 #if defined(JAX_TOPK_HAS_CLUSTERS)
 // The launch of cluster_topk_rows_kernel for `rows` rows on clusters of
@@ -105,13 +125,13 @@ inline cudaLaunchConfig_t cluster_launch_config(int64_t rows, int blocks, size_t
 // self-test prints the sum over a row's C blocks).
 enum ClusterPhase : int {
   kClusterPhaseLoad = 0,       // the chunk (and the bins' sample) into shared memory
-  kClusterPhaseSelect = 1,     // the radix passes' digit choices; the bins' sums
-  kClusterPhaseBroadcast = 2,  // candidates to every block, the last barrier
+  kClusterPhaseSelect = 1,     // the radix passes' digit choices; the bins' sums; T from the sample
+  kClusterPhaseBroadcast = 2,  // candidates to every block, the last barrier; the sampled counts' reads
   kClusterPhaseRank = 3,       // rank the slice (the owned bins), write
   kClusterPhaseCount = 4,      // the histogram loops (passes or bins)
   kClusterPhaseWait = 5,       // the passes' cluster barriers; the bins' first
   kClusterPhaseRemote = 6,     // the candidates' copies (scatter) and the last barrier
-  kClusterPhaseBins = 7,       // the bins' sample ranks and thresholds
+  kClusterPhaseBins = 7,       // the bins' sample ranks and thresholds; the sampled T
 };
 
 struct ClusterTopkShared {
@@ -415,13 +435,185 @@ JAX_TOPK_UNROLL
 }
 #endif  // JAX_TOPK_HAS_CLUSTERS, sm_90
 
+// Step 4 of both selects: the c candidates a[0:c) that every block of the
+// cluster holds, ranked by the blocks in slices (block_rank_desc), the first
+// `wanted` written by out(pos, value). A bucket too full to rank: every block
+// sorts all c (a[] has room for next_pow2(c)) and writes its slice.
+template <typename Out>
+__device__ void cluster_rank_and_write(uint64_t* a, int c, int wanted, int me, int blocks, uint64_t* spill,
+                                       uint32_t* bins, BlockRankShared<kClusterThreads>& rs, RankRange range,
+                                       Out&& out) {
+  if (block_rank_desc<kClusterThreads>(a, c, wanted, me, blocks, spill, bins, rs, range, out)) return;
+  const int sorted = int(next_pow2(c));
+  for (int i = c + int(threadIdx.x); i < sorted; i += kClusterThreads) a[i] = 0;
+  block_bitonic_sort_desc(a, sorted);
+  const int64_t first = int64_t(wanted) * me / blocks, last = int64_t(wanted) * (me + 1) / blocks;
+  for (int64_t j = first + threadIdx.x; j < last; j += kClusterThreads) out(a[j], j);
+}
+
+#if defined(JAX_TOPK_HAS_CLUSTERS) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+// src[0:count) into chunk[] as raw bits: 16-byte cp.async copies (committed
+// as one group, not waited for) when src is 16-byte aligned, then the
+// elements past the last whole vector (or all of them) by plain loads.
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE void copy_chunk_async(const U* __restrict__ src, int count, U* chunk) {
+  constexpr int kVec = int(16 / sizeof(U));
+  const int tid = int(threadIdx.x);
+  int done = 0;
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const int nvec = count / kVec;
+    for (int v = tid; v < nvec; v += kClusterThreads) {
+      copy_async_16(shared_address(chunk + v * kVec), src + v * kVec, true);
+    }
+    done = nvec * kVec;
+  }
+  copy_async_commit();
+  for (int i = done + tid; i < count; i += kClusterThreads) chunk[i] = src[i];
+}
+
+// The raw bits of chunk[0:count) as ordered keys, in place (a sampled row
+// that goes to the radix select).
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE void chunk_bits_to_keys(U* chunk, int count, KeyCodec<U> codec) {
+  for (int i = int(threadIdx.x); i < count; i += kClusterThreads) chunk[i] = codec.key(chunk[i]);
+  __syncthreads();
+}
+
+// The sampled threshold's compaction: compact.scan/emit over chunk[0:count)
+// (raw bits in shared memory; row positions from begin), in steps of
+// 32 / (16 / sizeof(U)) 16-byte vectors a thread, as walk_row_steps walks a
+// row in global memory (whose __ldg cannot read shared memory): the steps
+// whose elements all lie below count with `valid` a constant.
+template <typename U, typename Step>
+__device__ JAX_TOPK_FORCE_INLINE void walk_chunk_steps(const U* chunk, int count, int begin, Step& step) {
+  constexpr int kVec = int(16 / sizeof(U)), kUnroll = 32 / kVec, kStride = kUnroll * kClusterThreads;
+  const int tid = int(threadIdx.x);
+  const int nvec = (count + kVec - 1) / kVec;  // the last may be part of one
+  const uint4* vecs = reinterpret_cast<const uint4*>(chunk);
+  auto group = [&](int v0, auto whole) {
+    constexpr bool kWhole = decltype(whole)::value;  // every element of the step lies below count
+    Vec16<U> data[kUnroll];
+JAX_TOPK_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int v = v0 + u * kClusterThreads + tid;
+      data[u].raw = kWhole || v < nvec ? vecs[v] : make_uint4(0, 0, 0, 0);
+    }
+JAX_TOPK_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = (v0 + u * kClusterThreads + tid) * kVec;
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kVec; ++e) {
+        step.scan(data[u].elems[e], begin + i + e, kWhole || i + e < count, u * kVec + e);
+      }
+    }
+    step.between();
+    for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
+      const int pos = __ffs(m) - 1;
+      const int i = (v0 + (pos / kVec) * kClusterThreads + tid) * kVec + pos % kVec;
+      step.emit(chunk[i], begin + i);
+    }
+  };
+  const int whole_vecs = count / kVec;  // uniform trips: between() is warp-wide
+  int v0 = 0;
+  for (; v0 + kStride <= whole_vecs; v0 += kStride) group(v0, std::true_type{});
+  if (v0 < nvec) group(v0, std::false_type{});
+}
+
+// CompactAtLeast for the chunk walk, its test in bitwise logic: no branch
+// per element (the short-circuit form cost ~23 instructions an element,
+// 6 us a block of 32768 at one block of 16 warps per SM; the threshold
+// kernels keep it: there the bitwise form spills in two instantiations).
+template <typename U>
+struct ChunkCompactAtLeast : CompactAtLeast<U> {
+  __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
+    const uint32_t key = this->codec.key(bits), t_key = uint32_t(this->t >> 32);
+    const bool take = (key > t_key) | ((key == t_key) & (~uint32_t(i) >= uint32_t(this->t)));
+    this->mask |= uint32_t(valid & take) << pos;
+  }
+};
+
+// The sampled threshold of one row (every block of the cluster; the method
+// is in topk_dispatch.h): the sample's loads, then the chunk's copies into
+// chunk[] (raw bits), T from the sample while they fly, the chunk's
+// candidates, their exchange and their rank. a: kClusterSampledSlots;
+// words: the kernel's histogram and bucket words. Returns false, uniformly
+// over the cluster, when the row takes the radix select instead (no sample
+// for its length, or a count outside [k, kClusterSampleSlots]); chunk[] then
+// holds the chunk's raw bits, and nothing but shared memory was written. On
+// true, out(packed, rank) has been called once for each of the row's top k.
+template <typename U, typename Out>
+__device__ bool cluster_topk_by_sample(const cooperative_groups::cluster_group& cluster, int blocks, int me,
+                                       const U* row, int len, int k, ThresholdSample sample, KeyCodec<U> codec,
+                                       U* chunk, int count, int begin, uint64_t* a, uint32_t* words,
+                                       ThresholdShared& ts, BlockRankShared<kClusterThreads>& rs,
+                                       PhaseTimer& timer, Out&& out) {
+  constexpr int kG = int(kClusterSampleSlots), kR = kG / kClusterThreads;
+  static_assert(kR * kClusterThreads == kG, "whole slots a thread");
+  const int tid = int(threadIdx.x);
+  const bool sampled = sample.rank > 0;  // uniform over the cluster: len is the row's
+  ThresholdSampleLoads<U, kClusterThreads, kR> loads;
+  if (sampled) loads.issue(row, len);  // ahead of the copies in the memory queues
+  copy_chunk_async(row + begin, count, chunk);
+  if (!sampled) {
+    copy_async_wait<0>();
+    __syncthreads();
+    return false;
+  }
+  const uint64_t t = loads.select(len, uint32_t(sample.rank), uint32_t(sample.most), codec, a, words, ts, timer,
+                                  kClusterPhaseBins, kClusterPhaseSelect);
+  copy_async_wait<0>();
+  __syncthreads();
+  timer.mark(kClusterPhaseLoad);
+
+  // The chunk's candidates into mine[] (its count and largest in ts: read
+  // by the other blocks).
+  uint64_t* mine = a + kG;
+  ChunkCompactAtLeast<U> compact{{codec, t, &ts.candidates, mine, uint32_t(kG)}};
+  walk_chunk_steps<U>(chunk, count, begin, compact);
+  compact.publish_largest(&ts.candidates_hi);
+#if defined(JAX_TOPK_PHASE_TIMING)
+  __syncthreads();  // the whole block's compaction in the phase
+#endif
+  timer.mark(kClusterPhaseCount);
+  cluster.sync();  // every block's count and largest visible; every sample's select done
+  timer.mark(kClusterPhaseWait);
+  uint32_t total = 0, offset = 0;
+  uint64_t hi = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const ThresholdShared* of = cluster.map_shared_rank(&ts, b);
+    const uint32_t c = of->candidates;
+    total += c;
+    offset += b < me ? c : 0u;
+    hi = max_of(hi, uint64_t(of->candidates_hi));
+  }
+  if (total < uint32_t(k) || total > uint32_t(kG)) return false;  // uniform: every block read the same counts
+  timer.mark(kClusterPhaseBroadcast);
+
+  // Every block's candidates into every block's a[] after the earlier
+  // blocks' (a[] held the sample, whose select every block has finished).
+  const uint32_t mine_count = ts.candidates;
+  for (int b = 0; b < blocks; ++b) {
+    uint64_t* to = cluster.map_shared_rank(a, (me + b) % blocks) + offset;
+    for (uint32_t j = uint32_t(tid); j < mine_count; j += kClusterThreads) to[j] = mine[j];
+  }
+  cluster.sync();  // every block holds all candidates; no remote access after this
+  timer.mark(kClusterPhaseRemote);
+  cluster_rank_and_write(a, int(total), k, me, blocks, mine, words, rs, RankRange{t, hi}, out);
+  timer.mark(kClusterPhaseRank);
+  return true;
+}
+#endif  // JAX_TOPK_HAS_CLUSTERS, sm_90
+
 // One cluster of C blocks (the launch's cluster dimension) per row:
 // gridDim.x = rows * C. Dynamic shared memory: cluster_smem_bytes<U>(
-// cluster_chunk<U>(n, C), k).
-template <typename U>
-__global__ void __launch_bounds__(kClusterThreads, 2)
-    cluster_topk_rows_kernel(const U* __restrict__ x, int64_t n, int64_t k, KeyCodec<U> codec,
-                             RowLengths<U> lengths, U* __restrict__ values,
+// cluster_chunk<U>(n, C), k, kSampled). kSampled: rows try the sampled
+// threshold first (`sample`: threshold_sample(n, k, kClusterSampleSlots)
+// for whole rows; with lengths each row's own), one block per SM (its chunk
+// takes most of the shared memory).
+template <typename U, bool kSampled>
+__global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
+    cluster_topk_rows_kernel(const U* __restrict__ x, int64_t n, int64_t k, ThresholdSample sample,
+                             KeyCodec<U> codec, RowLengths<U> lengths, U* __restrict__ values,
                              int32_t* __restrict__ indices) {
 #if defined(JAX_TOPK_HAS_CLUSTERS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
@@ -445,7 +637,6 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
       reinterpret_cast<unsigned char*>(keys) + (size_t(cluster_chunk<U>(n, blocks)) * sizeof(U) + 15) / 16 * 16);
   P* spill = candidates + next_pow2(k);
   __shared__ ClusterTopkShared ss;
-  __shared__ ClusterBinShared bs;
   __shared__ uint32_t totals[kClusterBins];
   PhaseTimer timer;
   U* values_row = values + row * k;
@@ -458,32 +649,49 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
   auto count_of = [&](int b) { return max_of(0, min_of(chunk, len - b * chunk)); };
   const int begin = me * chunk;
   const int count = count_of(me);
-  // The sampled bins' sample (uniform over the cluster: len is the row's),
-  // its loads in flight with the chunk's.
-  const bool by_bins = cluster_bins_fit(len, k);
-  uint32_t sample_key = 0;
-  if (by_bins && tid < kClusterBinSamples) {
-    sample_key = uint32_t(codec.key(x[row * n + int64_t(tid) * len / kClusterBinSamples]));
-  }
-  if (by_bins && tid == 0) bs.layout = cluster_bin_layout(len, k);  // while the loads fly
-  load_chunk_keys<U>(x + row * n + begin, count, keys, codec);
   const int k_eff = int(min_of<int64_t>(k, len));
-  if (tid < kClusterBins) hist[tid] = 0;
-  if (tid < kClusterMaxBlocks) {
-    ss.above_of[tid] = 0;
-    ss.bucket_of[tid] = 0;
-  }
-  if (tid < kClusterBinThresholds) {
-    bs.hist[tid] = 0;
-    bs.cursor[tid] = 0;
-  }
-  if (tid < kClusterBinSamples) bs.sample[tid] = uint64_t(sample_key) << 32 | uint32_t(~tid);
-  __syncthreads();
-  timer.mark(kClusterPhaseLoad);
+  if constexpr (kSampled) {
+    __shared__ ThresholdShared ts;
+    if (lengths.lengths != nullptr) sample = threshold_sample(len, k, kClusterSampleSlots);
+    if (cluster_topk_by_sample<U>(cluster, blocks, me, x + row * n, len, int(k), sample, codec, keys, count, begin,
+                                  candidates, hist, ts, ss.rank, timer, write_output)) {
+      return;  // k < len: no padding
+    }
+    chunk_bits_to_keys<U>(keys, count, codec);  // the radix select's keys
+    if (tid < kClusterBins) hist[tid] = 0;
+    if (tid < kClusterMaxBlocks) {
+      ss.above_of[tid] = 0;
+      ss.bucket_of[tid] = 0;
+    }
+    __syncthreads();
+  } else {
+    __shared__ ClusterBinShared bs;
+    // The sampled bins' sample (uniform over the cluster: len is the row's),
+    // its loads in flight with the chunk's.
+    const bool by_bins = cluster_bins_fit(len, k);
+    uint32_t sample_key = 0;
+    if (by_bins && tid < kClusterBinSamples) {
+      sample_key = uint32_t(codec.key(x[row * n + int64_t(tid) * len / kClusterBinSamples]));
+    }
+    if (by_bins && tid == 0) bs.layout = cluster_bin_layout(len, k);  // while the loads fly
+    load_chunk_keys<U>(x + row * n + begin, count, keys, codec);
+    if (tid < kClusterBins) hist[tid] = 0;
+    if (tid < kClusterMaxBlocks) {
+      ss.above_of[tid] = 0;
+      ss.bucket_of[tid] = 0;
+    }
+    if (tid < kClusterBinThresholds) {
+      bs.hist[tid] = 0;
+      bs.cursor[tid] = 0;
+    }
+    if (tid < kClusterBinSamples) bs.sample[tid] = uint64_t(sample_key) << 32 | uint32_t(~tid);
+    __syncthreads();
+    timer.mark(kClusterPhaseLoad);
 
-  if (by_bins && cluster_topk_by_bins<U>(cluster, blocks, me, keys, count, begin, k_eff, candidates,
-                                         int(cluster_candidate_slots(k)), bs, timer, write_output)) {
-    return;  // k < len: no padding
+    if (by_bins && cluster_topk_by_bins<U>(cluster, blocks, me, keys, count, begin, k_eff, candidates,
+                                           int(cluster_candidate_slots(k)), bs, timer, write_output)) {
+      return;  // k < len: no padding
+    }
   }
 
   // 1. The select (uniform over the cluster: len is the row's).
@@ -605,16 +813,8 @@ JAX_TOPK_UNROLL
   timer.mark(kClusterPhaseRemote);
 
   // 4. Rank this block's slice of the candidates; pad slots [k_eff, k).
-  const int64_t first = int64_t(k_eff) * me / blocks, last = int64_t(k_eff) * (me + 1) / blocks;
-  const bool ranked = block_rank_desc<kClusterThreads>(candidates, k_eff, int(first), int(last), spill,
-                                                       rank_bins, ss.rank, write_output);
-  if (!ranked) {
-    // A bucket too full to rank (values clustered far below a few outliers).
-    const int sorted = int(next_pow2(k_eff));
-    for (int i = k_eff + tid; i < sorted; i += kClusterThreads) candidates[i] = 0;
-    block_bitonic_sort_desc(candidates, sorted);
-    for (int64_t j = first + tid; j < last; j += kClusterThreads) write_output(candidates[j], j);
-  }
+  cluster_rank_and_write(candidates, k_eff, k_eff, me, blocks, spill, rank_bins, ss.rank, RankRange{},
+                         write_output);
   const int64_t pad_first = k_eff + (k - k_eff) * me / blocks;
   const int64_t pad_last = k_eff + (k - k_eff) * (me + 1) / blocks;
   for (int64_t j = pad_first + tid; j < pad_last; j += kClusterThreads) write_output(P(0), j);

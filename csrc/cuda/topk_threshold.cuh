@@ -318,34 +318,52 @@ JAX_TOPK_UNROLL
   return t;
 }
 
-// Steps 1-2 with a sample (threshold_sample in topk_dispatch.h): the G =
-// kThreads * kR packed elements of G / 32 chunks of 32 consecutive elements
-// spread evenly over in[0:len) into a[0:G) (chunk q * warps + w is warp w's
-// q-th load, a lane per element), and T with between rank and most of them
-// at or above it; zeroes ts.candidates. len >= G (the dispatch's ratio).
-// Ends with a barrier.
+// Steps 1-2 with a sample (threshold_sample in topk_dispatch.h), in two
+// halves so that a caller may issue other loads between them (the cluster
+// kernel's chunk copies): issue() loads the G = kThreads * kR elements of G /
+// 32 chunks of 32 consecutive elements spread evenly over in[0:len) (chunk q
+// * warps + w is warp w's q-th load, a lane per element; len >= G, the
+// dispatch's ratio) into registers; select() puts them packed into a[0:G)
+// and returns T, with between rank and most of them at or above it, and
+// zeroes ts.candidates. select() ends with a barrier.
+template <typename U, int kThreads, int kR>
+struct ThresholdSampleLoads {
+  static_assert(kThreads % kWarpSize == 0 && kThresholdSampleChunk == kWarpSize, "a warp loads a chunk");
+  static constexpr int kWarps = kThreads / kWarpSize;
+  U bits[kR];
+  __device__ static JAX_TOPK_FORCE_INLINE int index(int q, uint64_t step) {
+    return int(threshold_sample_chunk_start(q * kWarps + int(threadIdx.x) / kWarpSize, step)) + lane_id();
+  }
+  __device__ JAX_TOPK_FORCE_INLINE void issue(const U* in, int len) {
+    const uint64_t step = threshold_sample_step(kWarps * kR, len);
+JAX_TOPK_UNROLL
+    for (int q = 0; q < kR; ++q) bits[q] = __ldg(in + index(q, step));  // every load issued before the first is used
+  }
+  __device__ JAX_TOPK_FORCE_INLINE uint64_t select(int len, uint32_t rank, uint32_t most, KeyCodec<U> codec,
+                                                   uint64_t* a, uint32_t* hist, ThresholdShared& ts,
+                                                   PhaseTimer& timer, int sample_phase, int select_phase) const {
+    const int tid = int(threadIdx.x);
+    const uint64_t step = threshold_sample_step(kWarps * kR, len);
+JAX_TOPK_UNROLL
+    for (int q = 0; q < kR; ++q) {
+      a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q, step)));
+    }
+    if (tid == 0) ts.reset_candidates();
+    __syncthreads();
+    timer.mark(sample_phase);
+    const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts, most);
+    timer.mark(select_phase);
+    return t;
+  }
+};
+
+// Both halves at once (the threshold kernel).
 template <typename U, int kThreads, int kR>
 __device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, uint32_t most, KeyCodec<U> codec,
                                            uint64_t* a, uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
-  static_assert(kThreads % kWarpSize == 0 && kThresholdSampleChunk == kWarpSize, "a warp loads a chunk");
-  constexpr int kWarps = kThreads / kWarpSize;
-  constexpr int kChunks = kWarps * kR;
-  const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
-  const uint64_t step = threshold_sample_step(kChunks, len);
-  auto index = [&](int q) { return int(threshold_sample_chunk_start(q * kWarps + warp, step)) + lane; };
-  U bits[kR];
-JAX_TOPK_UNROLL
-  for (int q = 0; q < kR; ++q) bits[q] = __ldg(in + index(q));  // every load issued before the first is used
-JAX_TOPK_UNROLL
-  for (int q = 0; q < kR; ++q) {
-    a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q)));
-  }
-  if (tid == 0) ts.reset_candidates();
-  __syncthreads();
-  timer.mark(kThresholdPhaseMaxima);
-  const uint64_t t = block_kth_largest<kThreads>(a, kThreads * kR, rank, hist, ts, most);
-  timer.mark(kThresholdPhaseSelect);
-  return t;
+  ThresholdSampleLoads<U, kThreads, kR> sample;
+  sample.issue(in, len);
+  return sample.select(len, rank, most, codec, a, hist, ts, timer, kThresholdPhaseMaxima, kThresholdPhaseSelect);
 }
 
 // Keeps the k largest of a[0:c) (c = *count > k, the values distinct and

@@ -887,6 +887,32 @@ void run_suite(bool quick, bool big) {
       }
       run_one(d, 2 * sm + 1, 8000, 512, Pattern::kGaussian);  // more clusters than fit at once
       g_topk_regime.reset();
+      // The sampled threshold (more than kClusterMaxRows whole rows, the
+      // dispatcher's choice): every pattern; rows made against the sample
+      // (its chunks high: too few candidates; low: too many), all-equal and
+      // sorted rows take the radix select over the chunks the blocks hold;
+      // rows of an odd length start misaligned (the copies' scalar path);
+      // lengths (each row's own sample, or the radix select); the most
+      // clusters that fit the SMs once.
+      g_sample_slots = kClusterSampleSlots;
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{65536, 2048}, {131072, 1024}, {32768, 100},
+                                 {40001, 333}, {65536, 64}}) {
+        const int64_t rows = kClusterMaxRows + 1;
+        if (!cluster_sampled_dispatch(rows, n, k, dtype_bytes(d), sm)) {
+          std::printf("FAIL the cluster's sampled case %lldx%lld k%lld (%d-byte keys) is not dispatched there\n",
+                      (long long)rows, (long long)n, (long long)k, dtype_bytes(d));
+          ++g_failed;
+          continue;
+        }
+        for (Pattern p : {Pattern::kGaussian, Pattern::kSampleHigh, Pattern::kSampleLow, Pattern::kAllEqual,
+                          Pattern::kAscending, Pattern::kDescending, Pattern::kFewValues, Pattern::kSpecials,
+                          Pattern::kRandomBits}) {
+          if (quick && n == 131072 && p != Pattern::kGaussian && p != Pattern::kSampleLow) continue;
+          run_one(d, rows, n, k, p, /*misaligned=*/p == Pattern::kSpecials);
+        }
+        run_lengths(d, rows, n, k, Pattern::kGaussian);
+      }
+      run_one(d, sm / cluster_sampled_blocks(65536, dtype_bytes(d)), 65536, 2048, Pattern::kGaussian);
       run_one(d, sm - 1, 8192, 512, Pattern::kGaussian);
       run_lengths(d, 31, 8000, 512, Pattern::kGaussian);
       run_one(d, 3, kClusterMaxN, kClusterMaxK, Pattern::kFewValues);
@@ -1123,11 +1149,11 @@ constexpr TopkRegime kComparedRegimes[] = {TopkRegime::kRegisterRows, TopkRegime
 void print_cluster_occupancy(int64_t rows, int64_t n, int64_t k) {
 #if defined(JAX_TOPK_HAS_CLUSTERS)
   if (!g_has_clusters) return;
-  auto kernel = jax_topk::cuda::cluster_topk_rows_kernel<uint32_t>;
+  auto kernel = jax_topk::cuda::cluster_topk_rows_kernel<uint32_t, false>;  // the radix / bins instantiation
   std::printf("cluster kernel, rows of %lld, k %lld: resident clusters", (long long)n, (long long)k);
   for (int blocks : {1, 2, 3, 4, 8}) {
     const size_t smem =
-        jax_topk::cuda::cluster_smem_bytes<uint32_t>(jax_topk::cuda::cluster_chunk<uint32_t>(n, blocks), k);
+        jax_topk::cuda::cluster_smem_bytes<uint32_t>(jax_topk::cuda::cluster_chunk<uint32_t>(n, blocks), k, false);
     CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config = jax_topk::cuda::cluster_launch_config(64, blocks, smem, 0, &attribute);
@@ -1135,7 +1161,7 @@ void print_cluster_occupancy(int64_t rows, int64_t n, int64_t k) {
     CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     std::printf("  %d of %d blocks", clusters, blocks);
   }
-  std::printf(" (%lld rows: %d blocks a row)\n", (long long)rows, cluster_blocks_per_row(rows, n, g_sm_count));
+  std::printf(" (%lld rows: %d blocks a row)\n", (long long)rows, cluster_blocks_per_row(rows, n, k, 4, g_sm_count));
 #endif
 }
 
@@ -1231,6 +1257,19 @@ void run_bench(const std::string& only) {
     for (int64_t rows : {4, 16, 32}) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 2048}, {131072, 64}, {65536, 2048},
                                  {32768, 512}, {16384, 512}}) {
+        shapes.push_back({rows, n, k, 0});
+      }
+    }
+    // More rows than kClusterMaxRows, where the cluster kernel's sampled
+    // threshold (clusters of two blocks on rows of 65536 float32 or less,
+    // four on 131072) meets the threshold kernel.
+    for (int64_t rows : {17, 32, 48, 64, 66}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{65536, 2048}, {65536, 256}, {32768, 512}}) {
+        shapes.push_back({rows, n, k, 0});
+      }
+    }
+    for (int64_t rows : {17, 33}) {
+      for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 1024}, {131072, 64}}) {
         shapes.push_back({rows, n, k, 0});
       }
     }

@@ -342,10 +342,50 @@ inline constexpr double kClusterBinsSmShare = JAX_TOPK_CLUSTER_BINS_SM_SHARE;
 
 constexpr int64_t cluster_bins_max_blocks(int sm_count) { return int64_t(kClusterBinsSmShare * sm_count); }
 
-// Blocks per row in kClusterRows: enough to hold the row, and about one per
-// kClusterMinChunk elements up to kClusterMaxBlocks; for rows the bins may
-// take (n <= kClusterBinsMaxLen), as above.
-constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int sm_count) {
+// Sampled threshold in the cluster kernel (whole rows, more rows than
+// kClusterMaxRows but no more clusters than the SMs hold at one block each).
+// The threshold kernel gives such a row ONE block: 64 x 65536 float32, k =
+// 2048 read its 16 MB on 64 SMs at ~26 GB/s each, then selected and ranked
+// while the HBM idled (v15-v16 of benchmarks/results/NOTES.md: 22 us on an
+// H100, 2x its floor is 12). Here a cluster of C blocks holds the row in
+// shared memory, kClusterSampledChunkBytes a block, copied asynchronously
+// (cp.async) while every block takes the SAME sample of the whole row (the
+// threshold kernel's: kClusterSampleSlots elements in chunks, its loads
+// issued before the copies) and selects the same T from it
+// (threshold_sample's window). Each block then compacts its chunk's elements
+// >= T from shared memory, the blocks exchange counts and candidates over
+// DSMEM (two cluster barriers) and each ranks a 1/C slice of them. A row
+// whose count misses [k, kClusterSampleSlots] (a sample unlike its row)
+// takes the kernel's radix select over the chunks it already holds.
+// Clusters of more than two blocks must each find their SMs within one GPC:
+// up to kClusterSampledWideSmShare of the SMs. Measured on an H100
+// (benchmarks/results/NOTES.md, thirtieth session; CUDA graph, against the
+// threshold kernel): clusters of two, 17..66 rows of 65536 float32, k =
+// 2048: 16.8..18.5 us against 21.1..22.2, k = 256: 14.2..16.5 against
+// 16.6..18.3; rows of 32768, k = 512, within 0.3 us either way; clusters of
+// four, 17 rows of 131072: k = 64 14.8 against 26.9, k = 1024 15.8; but 33
+// rows (132 blocks, all the SMs) 30.5 and 28.5 against 27.3 and 27.1: not
+// every cluster of four was resident at once.
+inline constexpr int64_t kClusterSampledChunkBytes = int64_t(128) << 10;
+inline constexpr int64_t kClusterSampleSlots = 4096;  // the cluster kernel's 512 threads x 8
+inline constexpr double kClusterSampledWideSmShare = 0.75;
+constexpr int cluster_sampled_blocks(int64_t n, int elem_bytes) {
+  const int64_t b = (n * elem_bytes + kClusterSampledChunkBytes - 1) / kClusterSampledChunkBytes;
+  return b < 2 ? 2 : int(b);
+}
+constexpr bool cluster_sampled_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  const int blocks = cluster_sampled_blocks(n, elem_bytes);
+  const double sms = blocks > 2 ? kClusterSampledWideSmShare * sm_count : double(sm_count);
+  return rows > kClusterMaxRows && blocks <= kClusterMaxBlocks && double(rows * blocks) <= sms &&
+         elem_bytes <= 4 && k <= kClusterMaxK && threshold_sample(n, k, kClusterSampleSlots).rank > 0;
+}
+
+// Blocks per row in kClusterRows: for the sampled threshold, as above;
+// otherwise enough to hold the row, and about one per kClusterMinChunk
+// elements up to kClusterMaxBlocks; for rows the bins may take (n <=
+// kClusterBinsMaxLen), as above.
+constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  if (cluster_sampled_dispatch(rows, n, k, elem_bytes, sm_count)) return cluster_sampled_blocks(n, elem_bytes);
   const bool bins = n <= kClusterBinsMaxLen;
   const int64_t chunk = bins ? kClusterBinsMinChunk : kClusterMinChunk;
   int64_t b = (n + chunk - 1) / chunk;
@@ -364,8 +404,8 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int sm_count) {
 // rows, whose time does not depend on the data, stay.
 inline constexpr int64_t kClusterBinsMaxK = 1024;
 
-constexpr bool cluster_bins_dispatch(int64_t rows, int64_t n, int64_t k, int sm_count) {
-  return k <= kClusterBinsMaxK && cluster_bins_fit(n, k) && cluster_blocks_per_row(rows, n, sm_count) >= 2;
+constexpr bool cluster_bins_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  return k <= kClusterBinsMaxK && cluster_bins_fit(n, k) && cluster_blocks_per_row(rows, n, k, elem_bytes, sm_count) >= 2;
 }
 
 // Register-rows kernel (kRegisterRows; keys of at most 32 bits): one block
@@ -422,7 +462,7 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
   if (warp_sort_fits(n, k, elem_bytes) && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
   }
-  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && cluster_bins_dispatch(rows, n, k, sm_count)) {
+  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && cluster_bins_dispatch(rows, n, k, elem_bytes, sm_count)) {
     return TopkRegime::kClusterRows;
   }
   if (register_rows_fit(n, k, elem_bytes) && k >= kRegisterRowsMinK &&
@@ -434,7 +474,8 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
     return threshold_fits ? TopkRegime::kThresholdRowPerBlock : TopkRegime::kRadixRowPerBlock;
   }
   // Fewer rows than SMs, rows of at least kRadixSplitMinN.
-  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && rows <= kClusterMaxRows && n >= kClusterMinN) {
+  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) &&
+      ((rows <= kClusterMaxRows && n >= kClusterMinN) || cluster_sampled_dispatch(rows, n, k, elem_bytes, sm_count))) {
     return TopkRegime::kClusterRows;
   }
   if (threshold_fits && n * elem_bytes <= kThresholdFewRowsMaxRowBytes) {
