@@ -202,12 +202,11 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         bins["sm_share"] = jax_topk::kClusterBinsSmShare;
         bins["samples"] = jax_topk::kClusterBinSamples;
         d["topk_cluster_bins"] = bins;
-        // The cluster kernel's sampled threshold: more than max_rows_radix
-        // whole rows, a cluster of ceil(row bytes / chunk_bytes) (at least
-        // two) blocks each, while the clusters' blocks fit the SMs once
-        // (clusters of more than two: wide_sm_share of them).
+        // The cluster kernel's sampled threshold: whole rows whose sample has
+        // a window, a cluster of at least ceil(row bytes / chunk_bytes) and
+        // two blocks each (more while they fit), while the clusters' blocks
+        // fit the SMs once (clusters of more than two: wide_sm_share of them).
         nb::dict sampled;
-        sampled["max_rows_radix"] = jax_topk::kClusterMaxRows;
         sampled["chunk_bytes"] = jax_topk::kClusterSampledChunkBytes;
         sampled["sample_slots"] = jax_topk::kClusterSampleSlots;
         sampled["wide_sm_share"] = jax_topk::kClusterSampledWideSmShare;

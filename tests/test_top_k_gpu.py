@@ -220,12 +220,13 @@ def test_cluster_bins_boundary(rng):
 
 
 def test_cluster_sampled_boundary(rng):
-    # More than max_rows_radix whole rows of 32768..131072 take a cluster per
-    # row with a sampled threshold while the clusters' blocks (ceil(row
-    # bytes / chunk_bytes), at least two) fit the SMs (wide_sm_share of them
-    # for clusters of more than two); one row more, the threshold kernel. Rows made against the sample (its chunks high or
-    # low), all-equal and sorted rows take the radix select in the same
-    # kernel, over the chunks it holds; rows with lengths, their own sample.
+    # Whole rows of 32768..131072 whose sample has a window take a cluster per
+    # row with a sampled threshold while the clusters' blocks (at least
+    # ceil(row bytes / chunk_bytes) and two) fit the SMs (wide_sm_share of them
+    # for clusters of more than two); one row more, the threshold kernel.
+    # Rows made against the sample (its chunks high or low), all-equal and
+    # sorted rows take the radix select in the same kernel, over the chunks
+    # it holds; rows with lengths, their own sample.
     build = jax_topk.info()["platforms"]["cuda"]["build"]
     sms = getattr(GPU, "core_count", None)
     if not sms or "topk_cluster_sampled" not in build:
@@ -235,9 +236,9 @@ def test_cluster_sampled_boundary(rng):
     for n, k in ((65536, 2048), (131072, 1024), (32768, 100)):
         blocks = max(2, -(-n * 4 // sampled["chunk_bytes"]))
         rows_most = int((sampled["wide_sm_share"] * sms if blocks > 2 else sms) // blocks)
-        for rows in (sampled["max_rows_radix"] + 1, rows_most, rows_most + 1):
+        for rows in (1, 17, rows_most, rows_most + 1):
             assert_gpu_equals_cpu(make_input("random", (rows, n), "float32", rng), k)
-        rows = sampled["max_rows_radix"] + 1
+        rows = 17
         for kind in ("ties", "equal", "special"):
             assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
         assert_gpu_equals_cpu(np.sort(make_input("random", (rows, n), "float32", rng), axis=1), k)

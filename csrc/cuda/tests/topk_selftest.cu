@@ -709,7 +709,8 @@ void run_suite(bool quick, bool big) {
   // (n = 513, k = 128: too few groups, every element is a candidate; 8-bit
   // all-equal rows at large k), and few long rows up to
   // kThresholdFewRowsMaxRowBytes (131072 f32) and just past it (split row);
-  // with clusters, up to kClusterMaxRows of them go to the cluster kernel.
+  // with clusters, the cluster kernel takes them (its sampled threshold where
+  // a sample has a window, else up to kClusterMaxRows rows on its radix select).
   for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
     for (int64_t n : {int64_t(513), int64_t(8192), int64_t(65536)}) {
       for (int64_t k : {int64_t(32), int64_t(33), int64_t(64), int64_t(65), int64_t(128),
@@ -810,8 +811,9 @@ void run_suite(bool quick, bool big) {
       }
     }
     g_topk_regime.reset();
-    // Few long rows on one threshold block each: more than the cluster
-    // kernel takes.
+    // Few long rows: more than the cluster kernel's radix select takes; the
+    // threshold kernel where no sample has a window (k = 2048), else the
+    // cluster kernel's sampled threshold.
     const int64_t few_threshold_rows = kClusterMaxRows + 1;
     for (int64_t n : {int64_t(131072), int64_t(131073)}) {
       for (int64_t k : {int64_t(50), int64_t(1024), int64_t(2048)}) {
@@ -887,8 +889,8 @@ void run_suite(bool quick, bool big) {
       }
       run_one(d, 2 * sm + 1, 8000, 512, Pattern::kGaussian);  // more clusters than fit at once
       g_topk_regime.reset();
-      // The sampled threshold (more than kClusterMaxRows whole rows, the
-      // dispatcher's choice): every pattern; rows made against the sample
+      // The sampled threshold (whole rows with a sample window, the
+      // dispatcher's choice: one row on clusters of eight, 17 on five): every pattern; rows made against the sample
       // (its chunks high: too few candidates; low: too many), all-equal and
       // sorted rows take the radix select over the chunks the blocks hold;
       // rows of an odd length start misaligned (the copies' scalar path);
@@ -897,22 +899,23 @@ void run_suite(bool quick, bool big) {
       g_sample_slots = kClusterSampleSlots;
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{65536, 2048}, {131072, 1024}, {32768, 100},
                                  {40001, 333}, {65536, 64}}) {
-        const int64_t rows = kClusterMaxRows + 1;
-        if (!cluster_sampled_dispatch(rows, n, k, dtype_bytes(d), sm)) {
-          std::printf("FAIL the cluster's sampled case %lldx%lld k%lld (%d-byte keys) is not dispatched there\n",
-                      (long long)rows, (long long)n, (long long)k, dtype_bytes(d));
-          ++g_failed;
-          continue;
+        for (int64_t rows : {int64_t(1), int64_t(17)}) {
+          if (!cluster_sampled_dispatch(rows, n, k, dtype_bytes(d), sm)) {
+            std::printf("FAIL the cluster's sampled case %lldx%lld k%lld (%d-byte keys) is not dispatched there\n",
+                        (long long)rows, (long long)n, (long long)k, dtype_bytes(d));
+            ++g_failed;
+            continue;
+          }
+          for (Pattern p : {Pattern::kGaussian, Pattern::kSampleHigh, Pattern::kSampleLow, Pattern::kAllEqual,
+                            Pattern::kAscending, Pattern::kDescending, Pattern::kFewValues, Pattern::kSpecials,
+                            Pattern::kRandomBits}) {
+            if (quick && n == 131072 && p != Pattern::kGaussian && p != Pattern::kSampleLow) continue;
+            run_one(d, rows, n, k, p, /*misaligned=*/p == Pattern::kSpecials);
+          }
+          run_lengths(d, rows == 1 ? 13 : rows, n, k, Pattern::kGaussian);
         }
-        for (Pattern p : {Pattern::kGaussian, Pattern::kSampleHigh, Pattern::kSampleLow, Pattern::kAllEqual,
-                          Pattern::kAscending, Pattern::kDescending, Pattern::kFewValues, Pattern::kSpecials,
-                          Pattern::kRandomBits}) {
-          if (quick && n == 131072 && p != Pattern::kGaussian && p != Pattern::kSampleLow) continue;
-          run_one(d, rows, n, k, p, /*misaligned=*/p == Pattern::kSpecials);
-        }
-        run_lengths(d, rows, n, k, Pattern::kGaussian);
       }
-      run_one(d, sm / cluster_sampled_blocks(65536, dtype_bytes(d)), 65536, 2048, Pattern::kGaussian);
+      run_one(d, sm / 2, 65536, 2048, Pattern::kGaussian);  // the most clusters of two
       run_one(d, sm - 1, 8192, 512, Pattern::kGaussian);
       run_lengths(d, 31, 8000, 512, Pattern::kGaussian);
       run_one(d, 3, kClusterMaxN, kClusterMaxK, Pattern::kFewValues);
@@ -1254,15 +1257,15 @@ void run_bench(const std::string& only) {
       {1, 1048576, 16, 0},    {1, 1048576, 2048, 0}};
   if (g_compare_regimes) {
     // Few rows, where the cluster, threshold and split-row regimes cross.
-    for (int64_t rows : {4, 16, 32}) {
+    for (int64_t rows : {1, 4, 8, 16, 32}) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{131072, 2048}, {131072, 64}, {65536, 2048},
                                  {32768, 512}, {16384, 512}}) {
         shapes.push_back({rows, n, k, 0});
       }
     }
-    // More rows than kClusterMaxRows, where the cluster kernel's sampled
-    // threshold (clusters of two blocks on rows of 65536 float32 or less,
-    // four on 131072) meets the threshold kernel.
+    // Rows from kClusterMaxRows + 1 up, where the cluster kernel's sampled
+    // threshold shrinks its clusters (to two blocks on rows of 65536 float32
+    // or less, four on 131072) and meets the threshold kernel.
     for (int64_t rows : {17, 32, 48, 64, 66}) {
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{65536, 2048}, {65536, 256}, {32768, 512}}) {
         shapes.push_back({rows, n, k, 0});

@@ -342,42 +342,60 @@ inline constexpr double kClusterBinsSmShare = JAX_TOPK_CLUSTER_BINS_SM_SHARE;
 
 constexpr int64_t cluster_bins_max_blocks(int sm_count) { return int64_t(kClusterBinsSmShare * sm_count); }
 
-// Sampled threshold in the cluster kernel (whole rows, more rows than
-// kClusterMaxRows but no more clusters than the SMs hold at one block each).
-// The threshold kernel gives such a row ONE block: 64 x 65536 float32, k =
-// 2048 read its 16 MB on 64 SMs at ~26 GB/s each, then selected and ranked
-// while the HBM idled (v15-v16 of benchmarks/results/NOTES.md: 22 us on an
-// H100, 2x its floor is 12). Here a cluster of C blocks holds the row in
-// shared memory, kClusterSampledChunkBytes a block, copied asynchronously
-// (cp.async) while every block takes the SAME sample of the whole row (the
-// threshold kernel's: kClusterSampleSlots elements in chunks, its loads
-// issued before the copies) and selects the same T from it
-// (threshold_sample's window). Each block then compacts its chunk's elements
-// >= T from shared memory, the blocks exchange counts and candidates over
-// DSMEM (two cluster barriers) and each ranks a 1/C slice of them. A row
-// whose count misses [k, kClusterSampleSlots] (a sample unlike its row)
-// takes the kernel's radix select over the chunks it already holds.
+// Sampled threshold in the cluster kernel (whole rows with a sample window,
+// as many rows as the clusters fit on the SMs at once). The threshold kernel
+// gives such a row ONE block: 64 x 65536 float32, k = 2048 read its 16 MB on
+// 64 SMs at ~26 GB/s each, then selected and ranked while the HBM idled
+// (v15-v16 of benchmarks/results/NOTES.md: 22 us on an H100, 2x its floor is
+// 12), and the cluster kernel's radix select paid a cluster barrier per
+// digit. Here a cluster of C blocks holds the row in shared memory, at most
+// kClusterSampledChunkBytes a block, copied asynchronously (cp.async) while
+// every block takes the SAME sample of the whole row (the threshold
+// kernel's: kClusterSampleSlots elements in chunks, its loads issued before
+// the copies) and selects the same T from it (threshold_sample's window).
+// Each block then compacts its chunk's elements >= T from shared memory, the
+// blocks exchange counts and candidates over DSMEM (two cluster barriers) and
+// each ranks a 1/C share of them. A row whose count misses [k,
+// kClusterSampleSlots] (a sample unlike its row) takes the kernel's radix
+// select over the chunks it already holds.
 // Clusters of more than two blocks must each find their SMs within one GPC:
-// up to kClusterSampledWideSmShare of the SMs. Measured on an H100
-// (benchmarks/results/NOTES.md, thirtieth session; CUDA graph, against the
-// threshold kernel): clusters of two, 17..66 rows of 65536 float32, k =
-// 2048: 16.8..18.5 us against 21.1..22.2, k = 256: 14.2..16.5 against
-// 16.6..18.3; rows of 32768, k = 512, within 0.3 us either way; clusters of
-// four, 17 rows of 131072: k = 64 14.8 against 26.9, k = 1024 15.8; but 33
-// rows (132 blocks, all the SMs) 30.5 and 28.5 against 27.3 and 27.1: not
-// every cluster of four was resident at once.
+// up to kClusterSampledWideSmShare of the SMs. C: enough blocks for the
+// chunks, at least two, and more while the clusters fit. Measured on an H100
+// (benchmarks/results/NOTES.md, thirtieth session; CUDA graph us, against the
+// kernel each shape took before):
+// - many rows, clusters of two: 48..66 rows of 65536 float32, k = 2048
+//   17.5..18.6 against 21.1..22.2 (threshold kernel), k = 256 15.1..16.5
+//   against 16.6..18.3; rows of 32768, k = 512, within 0.3 us either way;
+// - more blocks where they fit: 17 x 65536 k2048 on clusters of five 14.5
+//   (two: 16.8, threshold kernel 21.1), 32 rows on clusters of three 16.3
+//   (two: 16.9);
+// - few rows (up to 16, the radix select's clusters before): 1..16 x 65536
+//   k2048 13.9..14.8 against 19.3..24.4, 1..16 x 131072 k64 13.1..15.0
+//   against 20.5..27.3, 1..16 x 32768 k512 12.9..13.5 against 15.8..19.4;
+// - clusters of four on all 132 SMs (33 x 131072, k = 1024 and 64) took
+//   30.5 / 28.5 against 27.3 / 27.1: not every cluster was resident at once,
+//   hence the share.
 inline constexpr int64_t kClusterSampledChunkBytes = int64_t(128) << 10;
 inline constexpr int64_t kClusterSampleSlots = 4096;  // the cluster kernel's 512 threads x 8
 inline constexpr double kClusterSampledWideSmShare = 0.75;
-constexpr int cluster_sampled_blocks(int64_t n, int elem_bytes) {
-  const int64_t b = (n * elem_bytes + kClusterSampledChunkBytes - 1) / kClusterSampledChunkBytes;
-  return b < 2 ? 2 : int(b);
+// The SMs that rows x blocks may take: all of them for clusters of two,
+// kClusterSampledWideSmShare of them for larger clusters.
+constexpr bool cluster_sampled_fits(int64_t rows, int blocks, int sm_count) {
+  const double sms = blocks > 2 ? kClusterSampledWideSmShare * sm_count : double(sm_count);
+  return blocks <= kClusterMaxBlocks && double(rows * blocks) <= sms;
+}
+// Blocks per row: enough for the chunks (at least two), and more while the
+// clusters still fit (a row's steps after the copies shrink with its chunk).
+constexpr int cluster_sampled_blocks(int64_t rows, int64_t n, int elem_bytes, int sm_count) {
+  const int64_t least = (n * elem_bytes + kClusterSampledChunkBytes - 1) / kClusterSampledChunkBytes;
+  int b = least < 2 ? 2 : int(least);
+  while (b < kClusterMaxBlocks && cluster_sampled_fits(rows, b + 1, sm_count)) ++b;
+  return b;
 }
 constexpr bool cluster_sampled_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
-  const int blocks = cluster_sampled_blocks(n, elem_bytes);
-  const double sms = blocks > 2 ? kClusterSampledWideSmShare * sm_count : double(sm_count);
-  return rows > kClusterMaxRows && blocks <= kClusterMaxBlocks && double(rows * blocks) <= sms &&
-         elem_bytes <= 4 && k <= kClusterMaxK && threshold_sample(n, k, kClusterSampleSlots).rank > 0;
+  return elem_bytes <= 4 && k <= kClusterMaxK &&
+         cluster_sampled_fits(rows, cluster_sampled_blocks(rows, n, elem_bytes, sm_count), sm_count) &&
+         threshold_sample(n, k, kClusterSampleSlots).rank > 0;
 }
 
 // Blocks per row in kClusterRows: for the sampled threshold, as above;
@@ -385,7 +403,9 @@ constexpr bool cluster_sampled_dispatch(int64_t rows, int64_t n, int64_t k, int 
 // elements up to kClusterMaxBlocks; for rows the bins may take (n <=
 // kClusterBinsMaxLen), as above.
 constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
-  if (cluster_sampled_dispatch(rows, n, k, elem_bytes, sm_count)) return cluster_sampled_blocks(n, elem_bytes);
+  if (cluster_sampled_dispatch(rows, n, k, elem_bytes, sm_count)) {
+    return cluster_sampled_blocks(rows, n, elem_bytes, sm_count);
+  }
   const bool bins = n <= kClusterBinsMaxLen;
   const int64_t chunk = bins ? kClusterBinsMinChunk : kClusterMinChunk;
   int64_t b = (n + chunk - 1) / chunk;
