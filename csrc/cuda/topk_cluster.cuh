@@ -29,9 +29,9 @@
 // each candidate ranked within its bin. A row the sample does not fit takes
 // the radix select above.
 //
-// Whole rows that cluster_sampled_dispatch sends here (more rows than the
-// radix passes' barriers suit; the method is in topk_dispatch.h) take a
-// sampled threshold instead (kernel instantiation kSampled): every block
+// Whole rows that cluster_sampled_dispatch sends here (rows whose sample has
+// a window, as many as the clusters fit; the method is in topk_dispatch.h)
+// take a sampled threshold instead (kernel instantiation kSampled): every block
 // issues the loads of the same sample of the whole row, then copies its chunk
 // into shared memory asynchronously (cp.async) and, while the copies fly,
 // selects T from the sample as the threshold kernel does; it then compacts
@@ -82,9 +82,9 @@ JAX_TOPK_HOST_DEVICE constexpr int64_t cluster_candidate_slots(int64_t k) {
   return radix > bins ? radix : bins;
 }
 
-// The sampled threshold's slots: the sample, then every candidate of the
-// row (at most kClusterSampleSlots), and as many again for the block's own
-// candidates, then the rank's bucket spans.
+// The sampled threshold's slots: kClusterSampleSlots for the sample, then
+// for every candidate of the row (at most that many), and as many again for
+// the block's own candidates, then for the rank's bucket spans.
 inline constexpr int64_t kClusterSampledSlots = 2 * kClusterSampleSlots;
 
 // Dynamic shared memory: the two histogram buffers (read by the other
@@ -437,7 +437,7 @@ JAX_TOPK_UNROLL
 
 // Step 4 of both selects: the c candidates a[0:c) that every block of the
 // cluster holds, ranked by the blocks in slices (block_rank_desc), the first
-// `wanted` written by out(pos, value). A bucket too full to rank: every block
+// `wanted` written by out(value, pos). A bucket too full to rank: every block
 // sorts all c (a[] has room for next_pow2(c)) and writes its slice.
 template <typename Out>
 __device__ void cluster_rank_and_write(uint64_t* a, int c, int wanted, int me, int blocks, uint64_t* spill,

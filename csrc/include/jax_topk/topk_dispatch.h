@@ -239,10 +239,12 @@ inline constexpr int64_t kClusterMaxK = 2048;
 // Elements per block the cluster size aims at: fewer blocks per row when the
 // row is short (each block's fixed cost: the barriers of every pass).
 inline constexpr int64_t kClusterMinChunk = 1024;
-// Where the cluster kernel is dispatched: few rows (up to kClusterMaxRows)
-// of at least kClusterMinN elements. Measured on an H200 against the
-// threshold kernel (benchmarks/results/NOTES.md, sixth session): 1-16 rows of
-// 131072 float32 in 24-36 us against 38-58 (k = 64, 2048); even at 32 rows;
+// Where the cluster kernel's radix select is dispatched: few rows (up to
+// kClusterMaxRows) of at least kClusterMinN elements whose sample has no
+// window (cluster_sampled_dispatch below takes the others). Measured on an
+// H200 against the threshold kernel (benchmarks/results/NOTES.md, sixth
+// session): 1-16 rows of 131072 float32 in 24-36 us against 38-58 (k = 64,
+// 2048); even at 32 rows;
 // behind from 64 rows on (64x65536 k2048: 66 vs 40 us) and on rows of 16384
 // (k = 512: 19-33 vs 18-19 us). Each block's fixed cost (a cluster barrier
 // and ~1 us of serial work per select pass) is what the many-row and
