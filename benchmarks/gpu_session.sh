@@ -118,7 +118,7 @@ for s in "$@"; do
       # on 132 SMs); all cases up to there outrun a call.
       step racecheck_threshold_narrow 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
         --kernel-name kns=threshold "$SELFTEST" --quick --min-elements 100000 --max-elements 110000 --no-clusters
-      # The cluster kernel's sampled threshold starts at 17 rows of 32768.
+      # The cluster kernel's sampled threshold: its --quick cases of 17 rows of 32768.
       step racecheck_cluster_sampled 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
         --kernel-name kns=cluster_topk "$SELFTEST" --quick --min-elements 550000 --max-elements 560000 ;;
     bench)

@@ -890,12 +890,12 @@ void run_suite(bool quick, bool big) {
       run_one(d, 2 * sm + 1, 8000, 512, Pattern::kGaussian);  // more clusters than fit at once
       g_topk_regime.reset();
       // The sampled threshold (whole rows with a sample window, the
-      // dispatcher's choice: one row on clusters of eight, 17 on five): every pattern; rows made against the sample
-      // (its chunks high: too few candidates; low: too many), all-equal and
-      // sorted rows take the radix select over the chunks the blocks hold;
-      // rows of an odd length start misaligned (the copies' scalar path);
-      // lengths (each row's own sample, or the radix select); the most
-      // clusters that fit the SMs once.
+      // dispatcher's choice: one row on clusters of eight, 17 on five): every
+      // pattern; rows made against the sample (its chunks high: too few
+      // candidates; low: too many), all-equal and sorted rows take the radix
+      // select over the chunks the blocks hold; rows of an odd length start
+      // misaligned (the copies' scalar path); lengths (each row's own sample,
+      // or the radix select); the most clusters that fit the SMs once.
       g_sample_slots = kClusterSampleSlots;
       for (const auto& [n, k] : {std::pair<int64_t, int64_t>{65536, 2048}, {131072, 1024}, {32768, 100},
                                  {40001, 333}, {65536, 64}}) {
