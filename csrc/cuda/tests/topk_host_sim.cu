@@ -1,7 +1,8 @@
 // Host-only simulation of the GPU top-k algorithms, for machines without a
 // GPU. It runs the same host-callable pieces the kernels use (key codec,
 // packing, load_packed_chunk, absorb_chunk, the bitonic networks, the radix
-// field schedule and state machine, the cluster kernel's bin thresholds) in a
+// field schedule and state machine, the cluster kernel's bin thresholds and
+// its rank split over blocks) in a
 // sequential emulation of the lanes / threads / blocks, and compares with a
 // plain oracle. It does NOT exercise warp
 // collectives, atomics, barriers or memory traffic: topk_selftest does that
@@ -567,6 +568,96 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* 
   return true;
 }
 
+// Mirrors block_rank_desc split over `parts` blocks (the cluster kernel's
+// rank): every part holds the same c values but scatters them into its
+// buckets in its own order (the kernel's shared-memory atomics), then emits
+// the values of the buckets whose span begins in its share of [0, min(c,
+// wanted)), scanning spill positions up to kRankMaxBucket past that share.
+// out[pos] collects what the parts emit for pos < wanted. False when a
+// bucket is too full (the kernel then sorts).
+bool sim_block_rank_parts(const std::vector<uint64_t>& a, int wanted, int parts, uint64_t lo, uint64_t hi,
+                          std::mt19937_64& rng, std::vector<std::vector<uint64_t>>* out) {
+  const int c = int(a.size());
+  out->assign(size_t(wanted), {});
+  if (c <= kRankByCountingMaxC) {
+    for (int part = 0; part < parts; ++part) {
+      const int first = int(int64_t(c) * part / parts), last = int(int64_t(c) * (part + 1) / parts);
+      for (int i = first; i < last; ++i) {
+        const uint64_t e = a[size_t(i)];
+        const int pos = int(std::count_if(a.begin(), a.end(), [&](uint64_t o) { return o > e; }));
+        if (pos < wanted) (*out)[size_t(pos)].push_back(e);
+      }
+    }
+    return true;
+  }
+  const int shift = rank_bucket_shift(lo, hi);
+  std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
+  for (uint64_t e : a) ++count[rank_bucket(e, lo, shift)];
+  if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
+  uint32_t acc = 0;
+  for (int b = kRankBuckets - 1; b >= 0; --b) {
+    start[size_t(b)] = acc;
+    acc += count[size_t(b)];
+  }
+  const int covered = std::min(c, wanted);
+  for (int part = 0; part < parts; ++part) {
+    std::vector<uint64_t> order = a;  // this part's scatter order
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<uint32_t> end = start;
+    std::vector<uint64_t> spill(size_t(c), 0);
+    for (uint64_t e : order) spill[end[rank_bucket(e, lo, shift)]++] = e;
+    const int first = int(int64_t(covered) * part / parts), last = int(int64_t(covered) * (part + 1) / parts);
+    const int stop = std::min(c, last + int(kRankMaxBucket));
+    for (int p = first; p < stop; ++p) {
+      const uint64_t e = spill[size_t(p)];
+      const uint32_t b = rank_bucket(e, lo, shift);
+      const int begin = b + 1 < uint32_t(kRankBuckets) ? int(end[b + 1]) : 0;
+      if (begin < first || begin >= last) continue;
+      int pos = begin;
+      for (int j = begin; j < int(end[b]); ++j) pos += spill[size_t(j)] > e ? 1 : 0;
+      if (pos < wanted) (*out)[size_t(pos)].push_back(e);
+    }
+  }
+  return true;
+}
+
+// The split rank against a sort: c distinct values (spread, or dense: a
+// few in most buckets), every rank below wanted emitted exactly once with its value,
+// for 1..8 parts, wanted = c (the radix select's candidates) and k < c (the
+// sampled threshold's), and bounds that are the extremes or only bound them.
+void check_rank_parts(std::mt19937_64& rng) {
+  int ranked = 0, too_full = 0;
+  for (int c : {1, 7, 256, 257, 1000, 2049, 3100, 4096}) {
+    for (int spread = 0; spread < 2; ++spread) {
+      std::vector<uint64_t> a;
+      while (int(a.size()) < c) {
+        // Dense values share buckets (a few members each); spread ones rarely.
+        const uint64_t e = spread ? (rng() | 1) : (rng() % (uint64_t(c) * 8)) << 1 | 1;
+        if (std::find(a.begin(), a.end(), e) == a.end()) a.push_back(e);
+      }
+      std::vector<uint64_t> sorted = a;
+      std::sort(sorted.begin(), sorted.end(), std::greater<uint64_t>());
+      const uint64_t lo = sorted.back() - (spread ? sorted.back() / 2 : 0), hi = sorted.front();
+      for (int wanted : {c, std::max(1, c * 2 / 3)}) {
+        for (int parts = 1; parts <= kClusterMaxBlocks; ++parts) {
+          std::vector<std::vector<uint64_t>> out;
+          if (!sim_block_rank_parts(a, wanted, parts, lo, hi, rng, &out)) {
+            ++too_full;
+            continue;
+          }
+          bool ok = true;
+          for (int pos = 0; pos < wanted; ++pos) {
+            ok &= out[size_t(pos)].size() == 1 && out[size_t(pos)][0] == sorted[size_t(pos)];
+          }
+          ++ranked;
+          report<uint32_t>(ok, "block_rank_desc(parts)", c, wanted, spread, parts);
+        }
+      }
+    }
+  }
+  std::printf("split ranks: ranked %d, a bucket too full (the sort) %d\n", ranked, too_full);
+}
+
 // The emulated block sort against std::sort: every power-of-two count the
 // kernels use (1 .. 8 * 512), random values with repeats and zero padding.
 void check_block_sort(std::mt19937_64& rng) {
@@ -1124,6 +1215,7 @@ int main() {
   std::mt19937_64 rng(42);
   check_clamp();
   check_block_sort(rng);
+  check_rank_parts(rng);
   run_width<KeyKind::kFloat, uint32_t>(rng);
   run_width<KeyKind::kFloat, uint16_t>(rng);
   run_width<KeyKind::kSigned, uint8_t>(rng);
