@@ -559,7 +559,7 @@ __device__ bool cluster_topk_by_sample(const cooperative_groups::cluster_group& 
     __syncthreads();
     return false;
   }
-  const uint64_t t = loads.select(len, uint32_t(sample.rank), uint32_t(sample.most), codec, a, words, ts, timer,
+  const uint64_t t = loads.select(uint32_t(sample.rank), uint32_t(sample.most), codec, a, words, ts, timer,
                                   kClusterPhaseBins, kClusterPhaseSelect);
   copy_async_wait<0>();
   __syncthreads();
@@ -650,6 +650,15 @@ __global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
   const int begin = me * chunk;
   const int count = count_of(me);
   const int k_eff = int(min_of<int64_t>(k, len));
+  // The radix select's first histogram and per-block counts, zeroed before
+  // the barrier that precedes it (on either path).
+  auto zero_radix_state = [&] {
+    if (tid < kClusterBins) hist[tid] = 0;
+    if (tid < kClusterMaxBlocks) {
+      ss.above_of[tid] = 0;
+      ss.bucket_of[tid] = 0;
+    }
+  };
   if constexpr (kSampled) {
     __shared__ ThresholdShared ts;
     if (lengths.lengths != nullptr) sample = threshold_sample(len, k, kClusterSampleSlots);
@@ -658,11 +667,7 @@ __global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
       return;  // k < len: no padding
     }
     chunk_bits_to_keys<U>(keys, count, codec);  // the radix select's keys
-    if (tid < kClusterBins) hist[tid] = 0;
-    if (tid < kClusterMaxBlocks) {
-      ss.above_of[tid] = 0;
-      ss.bucket_of[tid] = 0;
-    }
+    zero_radix_state();
     __syncthreads();
   } else {
     __shared__ ClusterBinShared bs;
@@ -675,11 +680,7 @@ __global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
     }
     if (by_bins && tid == 0) bs.layout = cluster_bin_layout(len, k);  // while the loads fly
     load_chunk_keys<U>(x + row * n + begin, count, keys, codec);
-    if (tid < kClusterBins) hist[tid] = 0;
-    if (tid < kClusterMaxBlocks) {
-      ss.above_of[tid] = 0;
-      ss.bucket_of[tid] = 0;
-    }
+    zero_radix_state();
     if (tid < kClusterBinThresholds) {
       bs.hist[tid] = 0;
       bs.cursor[tid] = 0;

@@ -323,7 +323,8 @@ JAX_TOPK_UNROLL
 // kernel's chunk copies): issue() loads the G = kThreads * kR elements of G /
 // 32 chunks of 32 consecutive elements spread evenly over in[0:len) (chunk q
 // * warps + w is warp w's q-th load, a lane per element; len >= G, the
-// dispatch's ratio) into registers; select() puts them packed into a[0:G)
+// dispatch's ratio) into registers, keeping the chunks' step for select(),
+// which puts them packed into a[0:G)
 // and returns T, with between rank and most of them at or above it, and
 // zeroes ts.candidates. select() ends with a barrier.
 template <typename U, int kThreads, int kR>
@@ -331,22 +332,22 @@ struct ThresholdSampleLoads {
   static_assert(kThreads % kWarpSize == 0 && kThresholdSampleChunk == kWarpSize, "a warp loads a chunk");
   static constexpr int kWarps = kThreads / kWarpSize;
   U bits[kR];
-  __device__ static JAX_TOPK_FORCE_INLINE int index(int q, uint64_t step) {
+  uint64_t step;  // threshold_sample_step of the row
+  __device__ JAX_TOPK_FORCE_INLINE int index(int q) const {
     return int(threshold_sample_chunk_start(q * kWarps + int(threadIdx.x) / kWarpSize, step)) + lane_id();
   }
   __device__ JAX_TOPK_FORCE_INLINE void issue(const U* in, int len) {
-    const uint64_t step = threshold_sample_step(kWarps * kR, len);
+    step = threshold_sample_step(kWarps * kR, len);
 JAX_TOPK_UNROLL
-    for (int q = 0; q < kR; ++q) bits[q] = __ldg(in + index(q, step));  // every load issued before the first is used
+    for (int q = 0; q < kR; ++q) bits[q] = __ldg(in + index(q));  // every load issued before the first is used
   }
-  __device__ JAX_TOPK_FORCE_INLINE uint64_t select(int len, uint32_t rank, uint32_t most, KeyCodec<U> codec,
-                                                   uint64_t* a, uint32_t* hist, ThresholdShared& ts,
-                                                   PhaseTimer& timer, int sample_phase, int select_phase) const {
+  __device__ JAX_TOPK_FORCE_INLINE uint64_t select(uint32_t rank, uint32_t most, KeyCodec<U> codec, uint64_t* a,
+                                                   uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer,
+                                                   int sample_phase, int select_phase) const {
     const int tid = int(threadIdx.x);
-    const uint64_t step = threshold_sample_step(kWarps * kR, len);
 JAX_TOPK_UNROLL
     for (int q = 0; q < kR; ++q) {
-      a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q, step)));
+      a[q * kThreads + tid] = KeyIndexPacking<U, uint64_t>::pack(codec.key(bits[q]), uint32_t(index(q)));
     }
     if (tid == 0) ts.reset_candidates();
     __syncthreads();
@@ -363,7 +364,7 @@ __device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, 
                                            uint64_t* a, uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
   ThresholdSampleLoads<U, kThreads, kR> sample;
   sample.issue(in, len);
-  return sample.select(len, rank, most, codec, a, hist, ts, timer, kThresholdPhaseMaxima, kThresholdPhaseSelect);
+  return sample.select(rank, most, codec, a, hist, ts, timer, kThresholdPhaseMaxima, kThresholdPhaseSelect);
 }
 
 // Keeps the k largest of a[0:c) (c = *count > k, the values distinct and

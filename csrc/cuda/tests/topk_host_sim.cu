@@ -525,6 +525,26 @@ void sim_block_bitonic_sort_desc(std::vector<P>& s, int count, int threads) {
 // top, each value counting the members of its bucket above it). The
 // buckets span [lo, the largest] (the threshold kernel passes T as lo; none:
 // the smallest value). False when a bucket is too full (the kernel then sorts).
+// The bucket counts of a[] over [lo, 2^shift buckets) laid out from the top
+// (block_scatter_rank_buckets): start[b] = the values in buckets above b.
+// False when a bucket holds more than kRankMaxBucket.
+bool sim_rank_bucket_starts(const std::vector<uint64_t>& a, uint64_t lo, int shift, std::vector<uint32_t>* start) {
+  std::vector<uint32_t> count(size_t(kRankBuckets), 0);
+  for (uint64_t e : a) {
+    const uint32_t b = rank_bucket(e, lo, shift);
+    if (b >= uint32_t(kRankBuckets)) std::abort();
+    ++count[b];
+  }
+  if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
+  start->assign(size_t(kRankBuckets), 0);
+  uint32_t acc = 0;
+  for (int b = kRankBuckets - 1; b >= 0; --b) {
+    (*start)[size_t(b)] = acc;
+    acc += count[size_t(b)];
+  }
+  return true;
+}
+
 bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* slots,
                          std::optional<uint64_t> lo_bound = std::nullopt) {
   const int c = int(a.size());
@@ -542,18 +562,8 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* 
   const uint64_t lo = lo_bound.value_or(smallest), hi = *std::max_element(a.begin(), a.end());
   if (lo > smallest) std::abort();  // T bounds every candidate
   const int shift = rank_bucket_shift(lo, hi);
-  std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
-  for (uint64_t e : a) {
-    const uint32_t b = rank_bucket(e, lo, shift);
-    if (b >= uint32_t(kRankBuckets)) std::abort();
-    ++count[b];
-  }
-  if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
-  uint32_t acc = 0;
-  for (int b = kRankBuckets - 1; b >= 0; --b) {
-    start[size_t(b)] = acc;
-    acc += count[size_t(b)];
-  }
+  std::vector<uint32_t> start;
+  if (!sim_rank_bucket_starts(a, lo, shift, &start)) return false;
   // The scatter, then each value ranks within its span [end[b + 1], end[b]).
   std::vector<uint32_t> end = start;
   std::vector<uint64_t> spill(size_t(c), 0);
@@ -591,14 +601,8 @@ bool sim_block_rank_parts(const std::vector<uint64_t>& a, int wanted, int parts,
     return true;
   }
   const int shift = rank_bucket_shift(lo, hi);
-  std::vector<uint32_t> count(size_t(kRankBuckets), 0), start(size_t(kRankBuckets), 0);
-  for (uint64_t e : a) ++count[rank_bucket(e, lo, shift)];
-  if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
-  uint32_t acc = 0;
-  for (int b = kRankBuckets - 1; b >= 0; --b) {
-    start[size_t(b)] = acc;
-    acc += count[size_t(b)];
-  }
+  std::vector<uint32_t> start;
+  if (!sim_rank_bucket_starts(a, lo, shift, &start)) return false;
   const int covered = std::min(c, wanted);
   for (int part = 0; part < parts; ++part) {
     std::vector<uint64_t> order = a;  // this part's scatter order
