@@ -71,7 +71,7 @@ constexpr int kExactThreads = 128;
 // The fused epilogue's histogram (block_keep_k_largest's select passes, then
 // block_rank_desc's buckets: both fit kRadixBins words).
 constexpr size_t kChunkHistBytes = size_t(kRadixBins) * sizeof(uint32_t);
-static_assert(kThresholdSelectBins * kThresholdSelectPasses <= kRadixBins && kRankBuckets <= kRadixBins,
+static_assert(kThresholdSelectWords <= kRadixBins && kRankBuckets <= kRadixBins,
               "the chunk histogram holds the select's and the rank's bins");
 // The exact kernel's fused buffer: G = 1024 candidates (k <= G / 4).
 constexpr int64_t kExactFusedCapacity = 1024;

@@ -10,6 +10,7 @@
 #include "jax_topk/dtypes.h"
 #include "jax_topk/gpu_compat.h"
 #include "jax_topk/keys.h"
+#include "cuda/mma.cuh"  // cp.async (RowWalkStage; CUDA only)
 
 // `#pragma unroll` for loops in host-callable code: host compilers warn on it.
 // JAX_TOPK_UNROLL_BY(n): unroll by a constant expression (1 keeps the loop).
@@ -358,6 +359,63 @@ __device__ JAX_TOPK_FORCE_INLINE int row_head_elems(const U* row, int n) {
   return to_aligned < n ? to_aligned : n;
 }
 
+// No groups staged: walk_row_steps' default.
+struct NoRowWalkStage {};
+
+// Shared memory for staged vectors: [0, vecs) in `first`, the rest from
+// `overflow` on (two pieces, so that a kernel can lend what it does not use
+// meanwhile without moving its other arrays).
+struct RowWalkStageRoom {
+  uint4* first;
+  int vecs;
+  uint4* overflow;
+  __device__ JAX_TOPK_FORCE_INLINE uint4* at(int v) const { return v < vecs ? first + v : overflow + (v - vecs); }
+};
+
+// The first whole groups of walk_row_steps' walk of a row (kUnroll 16-byte
+// vectors a thread each), copied into shared memory by cp.async before the
+// walk, while the block works out what the walk needs (the threshold
+// kernel's sampled T): the HBM otherwise idles then, and reads the whole row
+// after it. Each thread copies and later reads only its own vectors, so the
+// stage needs no barrier, only the thread's wait for its own copies (in the
+// walk). Only whole groups are staged, so `groups` is the same in every
+// thread. CUDA only (cp.async); elsewhere nothing is staged. (A group held in
+// registers instead was slower: ptxas spilled the threshold kernel, whose
+// waits for the spilled loads doubled its sample phase.)
+template <typename U, int kUnroll, int kMaxGroups>
+struct RowWalkStage {
+  static constexpr int kMostGroups = kMaxGroups;
+  RowWalkStageRoom room;
+  int groups;
+  // room: most_groups (<= kMaxGroups) * nthreads * kUnroll vectors that
+  // nothing else touches until the walk has read them.
+  __device__ JAX_TOPK_FORCE_INLINE void issue(const U* __restrict__ row, int n, int tid, int nthreads,
+                                              RowWalkStageRoom stage_room, int most_groups) {
+    room = stage_room;
+    groups = 0;
+#if defined(JAX_TOPK_HAS_MMA)
+    constexpr int kVec = int(16 / sizeof(U));
+    const int head = row_head_elems(row, n);
+    const int whole_groups = n > 0 ? (n - head) / kVec / (nthreads * kUnroll) : 0;
+    groups = whole_groups < most_groups ? whole_groups : most_groups;
+    const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
+    // Unrolled: the copies issued back to back (a loop of them slowed the
+    // sample's loads before them by 0.7 us a row).
+JAX_TOPK_UNROLL
+    for (int g = 0; g < kMaxGroups; ++g) {
+      if (g < groups) {
+JAX_TOPK_UNROLL
+        for (int u = 0; u < kUnroll; ++u) {
+          const int v = (g * kUnroll + u) * nthreads + tid;
+          copy_async_16(shared_address(room.at(v)), vecs + v, true);
+        }
+      }
+    }
+    copy_async_commit();
+#endif
+  }
+};
+
 // Walks row[0, n) with the threads [0, nthreads) of a block: a scalar head up
 // to the first 16-byte boundary, then groups of kUnroll 16-byte loads per
 // thread, then a scalar tail. For each step (the head, each group, the tail) it
@@ -370,17 +428,20 @@ __device__ JAX_TOPK_FORCE_INLINE int row_head_elems(const U* row, int n) {
 // may use warp collectives, after_step() block barriers); emit is per thread.
 // Invalid calls carry bits = 0 and must be ignored. Indices are 32-bit
 // (n < 2^31): 64-bit index arithmetic cost a few instructions per element.
+// staged: the first groups, copied by RowWalkStage::issue of the same row.
 //
 // Two things keep the per-element cost down (threshold kernel, ncu on an
 // H200): the groups every thread loads whole (all but the last) are walked
 // with valid a constant, without a predicate and a zeroed register per
 // element; and emit re-reads each emitted element (an L1 hit: the step just
 // loaded it) in a loop over the mask's set bits, where a branch per position
-// cost ~9 instructions per element whether it was emitted or not.
-template <typename U, int kUnroll, typename Step>
+// cost ~9 instructions per element whether it was emitted or not. (A staged
+// group's emits read the stage.)
+template <typename U, int kUnroll, typename Step, typename Stage = NoRowWalkStage>
 __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, int n, int tid,
-                                                     int nthreads, Step& step) {
+                                                     int nthreads, Step& step, const Stage* staged = nullptr) {
   constexpr int kVec = int(16 / sizeof(U));
+  constexpr bool kHasStage = !std::is_same_v<Stage, NoRowWalkStage>;
   if (n <= 0) return;
   const int head = row_head_elems(row, n);
   auto scalar_step = [&](int i, bool valid) {
@@ -394,12 +455,19 @@ __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, 
   const int nvec = (n - head) / kVec;
   const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
   const int stride = nthreads * kUnroll;
-  auto group = [&](int v0, auto whole) {
+  // staged_at: the group's vectors are in the stage from there (-1: global).
+  auto group = [&](int v0, auto whole, int staged_at) {
     constexpr bool kWhole = decltype(whole)::value;  // every v < nvec
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + u * nthreads + tid;
+      if constexpr (kHasStage) {
+        if (staged_at >= 0) {
+          data[u].raw = *staged->room.at(staged_at + u * nthreads + tid);
+          continue;
+        }
+      }
       data[u].raw = kWhole || v < nvec ? __ldg(vecs + v) : make_uint4(0, 0, 0, 0);
     }
 JAX_TOPK_UNROLL
@@ -411,14 +479,33 @@ JAX_TOPK_UNROLL
     step.between();
     for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
       const int pos = __ffs(m) - 1;
-      const int i = head + (v0 + (pos / kVec) * nthreads + tid) * kVec + pos % kVec;
+      const int v = (pos / kVec) * nthreads + tid;  // from v0
+      const int i = head + (v0 + v) * kVec + pos % kVec;
+      if constexpr (kHasStage) {
+        if (staged_at >= 0) {
+          step.emit(reinterpret_cast<const U*>(staged->room.at(staged_at + v))[pos % kVec], i);
+          continue;
+        }
+      }
       step.emit(row[i], i);
     }
     step.after_step();
   };
   int v0 = 0;
-  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{});
-  if (v0 < nvec) group(v0, std::false_type{});
+  if constexpr (kHasStage) {
+#if defined(JAX_TOPK_HAS_MMA)
+    if (staged->groups > 0) copy_async_wait<0>();  // this thread's own copies: no barrier
+#endif
+JAX_TOPK_UNROLL
+    for (int g = 0; g < Stage::kMostGroups; ++g) {
+      if (g < staged->groups) {  // uniform
+        group(v0, std::true_type{}, v0);
+        v0 += stride;
+      }
+    }
+  }
+  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{}, -1);
+  if (v0 < nvec) group(v0, std::false_type{}, -1);
   const int tail = head + nvec * kVec + tid;  // fewer than kVec left
   scalar_step(tail, tail < n);
 }

@@ -306,9 +306,8 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
                                gpuStream_t stream) {
   const void* kernel = reinterpret_cast<const void*>(threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>);
   if constexpr (kStream) kernel = reinterpret_cast<const void*>(threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>);
-  constexpr size_t smem =
-      kStream ? threshold_stream_smem_bytes(kR, kThreads, kThresholdStreamStep<U, kThreads, kUnroll>)
-              : threshold_smem_bytes(kR, kThreads);
+  size_t smem = kStream ? threshold_stream_smem_bytes(kR, kThreads, kThresholdStreamStep<U, kThreads, kUnroll>)
+                        : threshold_smem_bytes(kR, kThreads);
   int per_sm = 0;
   gpuError_t err = prepare_kernel(dev.device, kernel, kThreads, smem, &per_sm);
   if (err != gpuSuccess) return err;
@@ -319,6 +318,20 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   const ThresholdSample sample = kStream || lengths.lengths != nullptr ? ThresholdSample{0, 0}
                                                                        : threshold_sample(n, k, kThreads * kR);
   const bool two_reads = !kStream && sample.rank == 0;
+  // A sampled row stages the most walk groups whose shared memory keeps the
+  // blocks per SM.
+  int staged_groups = 0;
+  for (int g = !kStream && sample.rank > 0 ? kThresholdMaxStagedGroups : 0; g > 0; --g) {
+    const size_t staged_smem =
+        threshold_smem_bytes(kR, kThreads, threshold_stage_overflow_bytes(kR, kThreads, kUnroll, g));
+    int staged_per_sm = 0;
+    if ((err = prepare_kernel(dev.device, kernel, kThreads, staged_smem, &staged_per_sm)) != gpuSuccess) return err;
+    if (staged_per_sm >= per_sm) {
+      staged_groups = g;
+      smem = staged_smem;
+      break;
+    }
+  }
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, two_reads ? n * int64_t(sizeof(U)) : 0);
   if constexpr (kStream) {
     threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>
@@ -326,7 +339,7 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   } else {
     threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>
         <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), sample,
-                                                     codec, lengths, values, indices);
+                                                     staged_groups, codec, lengths, values, indices);
   }
   return gpuGetLastError();
 }

@@ -97,7 +97,7 @@ JAX_TOPK_HOST_DEVICE constexpr size_t cluster_smem_bytes(int64_t chunk_capacity,
   const int64_t slots = sampled ? max_of(cluster_candidate_slots(k), kClusterSampledSlots) : cluster_candidate_slots(k);
   return words + keys + size_t(slots) * sizeof(uint64_t);
 }
-static_assert(kThresholdSelectPasses * kThresholdSelectBins <= 2 * kClusterBins + kRankBuckets,
+static_assert(kThresholdSelectWords <= 2 * kClusterBins + kRankBuckets,
               "the sample's select histograms live in the words");
 
 #if defined(JAX_TOPK_HAS_CLUSTERS)

@@ -30,10 +30,11 @@
 // Sampled T (whole rows long enough: threshold_sample in topk_dispatch.h):
 // steps 1-2 take G packed elements in 32-element chunks spread over the row
 // instead of the whole row's group maxima, and T = a value with between
-// rank and most of them at or above it. The row is then read once. Unlike
-// the maxima's T, a sample's does not guarantee k candidates: the
-// compaction's count is checked, and a row with fewer than k takes the
-// fallback below.
+// rank and most of them at or above it. The row is then read once, its
+// first walk group copied into shared memory (cp.async) while T is selected
+// (RowWalkStage in primitives.cuh), the HBM idling otherwise. Unlike the
+// maxima's T, a sample's does not guarantee k candidates: the compaction's
+// count is checked, and a row with fewer than k takes the fallback below.
 // Fallback: c > G (capacity) -- only when many groups are empty or, with
 // G < the number of elements, heavy ties beyond the groups' reach, or a
 // sample unlike its row -- runs the radix select of topk_radix.cuh for that
@@ -57,8 +58,13 @@ namespace jax_topk::cuda {
 inline constexpr int kThresholdSelectBits = 8;
 inline constexpr int kThresholdSelectBins = 1 << kThresholdSelectBits;
 inline constexpr int kThresholdSelectPasses = 64 / kThresholdSelectBits;
-static_assert(kThresholdSelectBins * kThresholdSelectPasses <= kRadixBins,
-              "the selection histograms live in the radix histogram");
+// The select's histogram words: two tables, passes alternating between them
+// (each pass zeroes the table of the next while it counts into its own), so
+// that the rest of the kernel's histogram is free during the select (the
+// threshold kernel stages row data there). One table per pass measured the
+// same without staging (1024 x 8192, H100).
+inline constexpr int kThresholdSelectWords = 2 * kThresholdSelectBins;
+static_assert(kThresholdSelectWords <= kRadixBins, "the selection histograms live in the radix histogram");
 
 // Groups per thread (G = threads * R), the smallest R in {1, 2, 8} with
 // (a) G >= 4k (random rows: ~1.15k candidates) and (b) all-equal rows still
@@ -91,12 +97,33 @@ JAX_TOPK_HOST_DEVICE constexpr int threshold_row_slots(int64_t rows, int64_t n, 
   return !sampled && threshold_sample(n, k, int64_t(threads) * 8).rank > 0 ? 8 : slots;
 }
 
-// Dynamic shared memory of threshold_topk_row_per_block_kernel: the
-// histogram bins, then two arrays of G = threads * slots packed values
-// (candidates, and the rank's bucket spans).
-JAX_TOPK_HOST_DEVICE constexpr size_t threshold_smem_bytes(int slots, int threads) {
+// Walk groups a sampled row stages while its T is selected: one (a quarter
+// of a row of 8192 float32 on narrow blocks: 1024 x 8192 k = 64 25.7 -> 24.8
+// us on an H100). Two were slower on every shape (28.0 there): the sample's
+// loads and the select waited behind the copies (benchmarks/results/NOTES.md
+// v18).
+inline constexpr int kThresholdMaxStagedGroups = 1;
+
+// Dynamic shared memory of threshold_topk_row_per_block_kernel for kR =
+// slots: the histogram bins, G = threads * slots packed values (the rank's
+// bucket spans), G more (the sample or maxima, then the candidates), and
+// `overflow` bytes. A sampled row's first walk groups (RowWalkStage) go
+// where the select leaves the shared memory untouched: the histogram past
+// the select's words and the spans (threshold_stage_room_bytes), then the
+// overflow. (The candidates first and the histogram after them spilled.)
+JAX_TOPK_HOST_DEVICE constexpr size_t threshold_stage_room_bytes(int slots, int threads) {
+  return size_t(kRadixBins - kThresholdSelectWords) * sizeof(uint32_t) +
+         size_t(threads) * size_t(slots) * sizeof(uint64_t);
+}
+JAX_TOPK_HOST_DEVICE constexpr size_t threshold_smem_bytes(int slots, int threads, size_t overflow = 0) {
   static_assert(kRankBuckets <= kRadixBins, "the rank's buckets live in the histogram");
-  return size_t(kRadixBins) * sizeof(uint32_t) + 2 * size_t(threads) * size_t(slots) * sizeof(uint64_t);
+  return size_t(kRadixBins) * sizeof(uint32_t) + 2 * size_t(threads) * size_t(slots) * sizeof(uint64_t) + overflow;
+}
+// The overflow bytes for `groups` staged walk groups of `unroll` vectors a thread.
+JAX_TOPK_HOST_DEVICE constexpr size_t threshold_stage_overflow_bytes(int slots, int threads, int unroll, int groups) {
+  const size_t staged = size_t(groups) * size_t(threads) * size_t(unroll) * 16;
+  const size_t room = threshold_stage_room_bytes(slots, threads);
+  return staged > room ? staged - room : 0;
 }
 
 // 16-byte loads in flight per thread in each step of the two reads. One
@@ -239,8 +266,8 @@ JAX_TOPK_UNROLL
 // values share leading bits (candidates close to T) and spreads the first
 // pass's shared-memory atomics; group maxima of floats that straddle a power
 // of two share none (the select phase measured the same, 3-6 us per row).
-// hist: kThresholdSelectPasses * kThresholdSelectBins u32. a[] must be
-// written and visible (a barrier before the call); ends with a barrier.
+// hist: kThresholdSelectWords u32. a[] must be written and visible (a
+// barrier before the call); ends with a barrier.
 // k_most > k asks for any value v with k <= #(a >= v) <= k_most instead (a
 // sampled threshold's window): the select stops at the first bucket holding
 // the k-th largest with at most k_most values at or above its floor, and
@@ -249,7 +276,7 @@ template <int kThreads>
 __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, uint32_t* hist,
                                       ThresholdShared& ts, uint32_t k_most = 0) {
   const int tid = int(threadIdx.x);
-  for (int i = tid; i < kThresholdSelectPasses * kThresholdSelectBins; i += kThreads) hist[i] = 0;
+  for (int i = tid; i < kThresholdSelectWords; i += kThreads) hist[i] = 0;
   if (tid == 0) ts.t_min = ~0ull;
   uint64_t lo, hi;
   block_min_max<kThreads>(a, count, &ts.lo, &ts.hi, &lo, &hi);  // ends with a barrier
@@ -260,7 +287,11 @@ __device__ uint64_t block_kth_largest(const uint64_t* a, int count, uint32_t k, 
   int shift = hs;
   for (int pass = 0;; ++pass) {
     shift = threshold_select_shift(hs);
-    uint32_t* h = hist + pass * kThresholdSelectBins;
+    uint32_t* h = hist + (pass & 1) * kThresholdSelectBins;
+    if (pass > 0) {  // the next pass's table: the last pass's pick read it before the barrier that ended it
+      uint32_t* next = hist + ((pass + 1) & 1) * kThresholdSelectBins;
+      for (int i = tid; i < kThresholdSelectBins; i += kThreads) next[i] = 0;
+    }
     for (int i = tid; i < count; i += kThreads) {
       const uint64_t e = a[i];
       if (hs == 64 || (e >> hs) == (prefix >> hs)) {
@@ -358,15 +389,6 @@ JAX_TOPK_UNROLL
   }
 };
 
-// Both halves at once (the threshold kernel).
-template <typename U, int kThreads, int kR>
-__device__ uint64_t threshold_from_samples(const U* in, int len, uint32_t rank, uint32_t most, KeyCodec<U> codec,
-                                           uint64_t* a, uint32_t* hist, ThresholdShared& ts, PhaseTimer& timer) {
-  ThresholdSampleLoads<U, kThreads, kR> sample;
-  sample.issue(in, len);
-  return sample.select(rank, most, codec, a, hist, ts, timer, kThresholdPhaseMaxima, kThresholdPhaseSelect);
-}
-
 // Keeps the k largest of a[0:c) (c = *count > k, the values distinct and
 // visible to every thread: the caller's barrier) in a[0:k), in no particular
 // order, and sets *count = k; returns the k-th largest. tmp: k values.
@@ -439,10 +461,12 @@ __device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t
   }
 }
 
-// Dynamic shared memory: threshold_smem_bytes(kR, kThreads) = hist[kRadixBins]
-// u32, then G = kThreads * kR u64 (the maxima, then the candidates, then for
-// the fallback: next_pow2(k) survivors + two candidate buffers), then G more
-// for the rank's bucket spans.
+// Dynamic shared memory: threshold_smem_bytes(kR, kThreads, overflow) =
+// hist[kRadixBins] u32, G = kThreads * kR u64 for the rank's bucket spans,
+// G more (the maxima, then the candidates, then for the fallback:
+// next_pow2(k) survivors + two candidate buffers), then the overflow of a
+// sampled row's staged_groups walk groups (the rest from hist +
+// kThresholdSelectWords on).
 // Blocks per SM the registers must allow: doubled loads hold 128 registers
 // a thread (one block); otherwise 64, so that 1024 threads fill the register
 // file (two wide blocks, eight narrow ones).
@@ -452,7 +476,7 @@ inline constexpr int kThresholdMinBlocksPerSm = kUnroll > kRadixUnroll<U> ? 1 : 
 template <typename U, int kThreads, int kR, int kUnroll>
 __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThreads, kUnroll>))
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
-                                        int64_t k, int index_bits, ThresholdSample sample,
+                                        int64_t k, int index_bits, ThresholdSample sample, int staged_groups,
                                         KeyCodec<U> codec, RowLengths<U> lengths,
                                         U* __restrict__ values, int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
@@ -462,7 +486,11 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
   static_assert(kUnroll * int(16 / sizeof(U)) % kR == 0, "slots cover the step evenly");
   extern __shared__ uint4 threshold_smem[];
   uint32_t* hist = reinterpret_cast<uint32_t*>(threshold_smem);
-  P* a = reinterpret_cast<P*>(hist + kRadixBins);
+  P* spans = reinterpret_cast<P*>(hist + kRadixBins);
+  P* a = spans + kG;
+  const RowWalkStageRoom room{reinterpret_cast<uint4*>(hist + kThresholdSelectWords),
+                              int(threshold_stage_room_bytes(kR, kThreads) / sizeof(uint4)),
+                              reinterpret_cast<uint4*>(a + kG)};
   __shared__ ThresholdShared ts;
   __shared__ RadixBlockShared<P> rs;
   __shared__ BlockRankShared<kThreads> rank_shared;
@@ -476,17 +504,27 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     const int len = int(lengths.of_loaded(row, n));
     // 1-2. T from a sample of the row (sample.rank > 0: whole rows only, the
     // host's choice; the row is then read once) or from its group maxima.
+    // A sampled row's first groups are copied into shared memory while T is
+    // selected (the HBM would idle); the select uses only its own words.
     const bool sampled = sample.rank > 0;
-    const P t = sampled ? threshold_from_samples<U, kThreads, kR>(in, len, uint32_t(sample.rank),
-                                                                  uint32_t(sample.most), codec, a, hist, ts, timer)
-                        : threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts,
-                                                                                timer);
+    RowWalkStage<U, kUnroll, kThresholdMaxStagedGroups> staged;
+    P t;
+    if (sampled) {
+      ThresholdSampleLoads<U, kThreads, kR> loads;
+      loads.issue(in, len);  // ahead of the copies in the memory queues
+      staged.issue(in, len, tid, kThreads, room, staged_groups);
+      t = loads.select(uint32_t(sample.rank), uint32_t(sample.most), codec, a, hist, ts, timer,
+                       kThresholdPhaseMaxima, kThresholdPhaseSelect);
+    } else {
+      staged.groups = 0;
+      t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts, timer);
+    }
     // 3. Candidates >= T: at least k of them from group maxima; from a
     // sample, if not, the row goes to the radix select below, as it does
     // with more than G. (A retry with group maxima, a loop around this walk,
     // cost ptxas 140 bytes of spills.)
     CompactAtLeast<U> compact{codec, t, &ts.candidates, a, uint32_t(kG)};
-    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact);
+    walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact, &staged);
     compact.publish_largest(&ts.candidates_hi);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);
@@ -494,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     if (c <= kG && (!sampled || c >= k)) {  // uniform
       // 4. Each candidate's rank is its output slot; every candidate lies in
       // [T, the largest].
-      write_candidates_by_rank<U, kThreads>(a, c, k, a + kG, hist, rank_shared, codec, lengths.pad_bits,
+      write_candidates_by_rank<U, kThreads>(a, c, k, spans, hist, rank_shared, codec, lengths.pad_bits,
                                             values + row * k, indices + row * k, &timer, ts.candidates_range(t));
       timer.mark(kThresholdPhaseOrder);
     } else {
