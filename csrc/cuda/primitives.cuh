@@ -455,16 +455,16 @@ __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, 
   const int nvec = (n - head) / kVec;
   const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
   const int stride = nthreads * kUnroll;
-  // staged_at: the group's vectors are in the stage from there (-1: global).
-  auto group = [&](int v0, auto whole, int staged_at) {
+  // from_stage: the group is one of the staged ones (the stage holds vector v at v).
+  auto group = [&](int v0, auto whole, bool from_stage) {
     constexpr bool kWhole = decltype(whole)::value;  // every v < nvec
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + u * nthreads + tid;
       if constexpr (kHasStage) {
-        if (staged_at >= 0) {
-          data[u].raw = *staged->room.at(staged_at + u * nthreads + tid);
+        if (from_stage) {
+          data[u].raw = *staged->room.at(v);
           continue;
         }
       }
@@ -479,11 +479,11 @@ JAX_TOPK_UNROLL
     step.between();
     for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
       const int pos = __ffs(m) - 1;
-      const int v = (pos / kVec) * nthreads + tid;  // from v0
-      const int i = head + (v0 + v) * kVec + pos % kVec;
+      const int v = v0 + (pos / kVec) * nthreads + tid;
+      const int i = head + v * kVec + pos % kVec;
       if constexpr (kHasStage) {
-        if (staged_at >= 0) {
-          step.emit(reinterpret_cast<const U*>(staged->room.at(staged_at + v))[pos % kVec], i);
+        if (from_stage) {
+          step.emit(reinterpret_cast<const U*>(staged->room.at(v))[pos % kVec], i);
           continue;
         }
       }
@@ -499,13 +499,13 @@ JAX_TOPK_UNROLL
 JAX_TOPK_UNROLL
     for (int g = 0; g < Stage::kMostGroups; ++g) {
       if (g < staged->groups) {  // uniform
-        group(v0, std::true_type{}, v0);
+        group(v0, std::true_type{}, true);
         v0 += stride;
       }
     }
   }
-  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{}, -1);
-  if (v0 < nvec) group(v0, std::false_type{}, -1);
+  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{}, false);
+  if (v0 < nvec) group(v0, std::false_type{}, false);
   const int tail = head + nvec * kVec + tid;  // fewer than kVec left
   scalar_step(tail, tail < n);
 }
