@@ -101,7 +101,8 @@ JAX_TOPK_HOST_DEVICE constexpr int threshold_row_slots(int64_t rows, int64_t n, 
 // of a row of 8192 float32 on narrow blocks: 1024 x 8192 k = 64 25.7 -> 24.8
 // us on an H100). Two were slower on every shape (28.0 there): the sample's
 // loads and the select waited behind the copies (benchmarks/results/NOTES.md
-// v18).
+// v18). Bulk copies (cp.async.bulk) once the sample is in moved no shape past
+// 2% either way: the read then waits for the queued copies (v19).
 inline constexpr int kThresholdMaxStagedGroups = 1;
 
 // Dynamic shared memory of threshold_topk_row_per_block_kernel for kR =
