@@ -397,8 +397,8 @@ gpuError_t launch_threshold(const DeviceInfo& dev, const U* x, U* values, int32_
   }
 }
 
-// kClusterRows: a cluster of cluster_blocks_per_row blocks per row; the
-// sampled threshold's instantiation where cluster_sampled_dispatch holds.
+// kClusterRows: a cluster of cluster_row_plan's blocks per row; the sampled
+// threshold's instantiation where the plan is sampled.
 template <typename U, bool kSampled>
 gpuError_t launch_cluster_rows_s(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
                                  int64_t n, int64_t k, int blocks, KeyCodec<U> codec, RowLengths<U> lengths,
@@ -423,11 +423,11 @@ template <typename U>
 gpuError_t launch_cluster_rows(const DeviceInfo& dev, const U* x, U* values, int32_t* indices,
                                 int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
                                 RowLengths<U> lengths, gpuStream_t stream) {
-  const int blocks = cluster_blocks_per_row(rows, n, k, int(sizeof(U)), dev.sm_count);
-  if (cluster_sampled_dispatch(rows, n, k, int(sizeof(U)), dev.sm_count)) {
-    return launch_cluster_rows_s<U, true>(dev, x, values, indices, rows, n, k, blocks, codec, lengths, stream);
+  const ClusterRowPlan plan = cluster_row_plan(rows, n, k, int(sizeof(U)), dev.sm_count);
+  if (plan.sampled) {
+    return launch_cluster_rows_s<U, true>(dev, x, values, indices, rows, n, k, plan.blocks, codec, lengths, stream);
   }
-  return launch_cluster_rows_s<U, false>(dev, x, values, indices, rows, n, k, blocks, codec, lengths, stream);
+  return launch_cluster_rows_s<U, false>(dev, x, values, indices, rows, n, k, plan.blocks, codec, lengths, stream);
 }
 
 // kRegisterRows: one block per row (a grid-stride loop when the rows

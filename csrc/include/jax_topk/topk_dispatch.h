@@ -394,26 +394,33 @@ constexpr int cluster_sampled_blocks(int64_t rows, int64_t n, int elem_bytes, in
   while (b < kClusterMaxBlocks && cluster_sampled_fits(rows, b + 1, sm_count)) ++b;
   return b;
 }
-constexpr bool cluster_sampled_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
-  return elem_bytes <= 4 && k <= kClusterMaxK &&
-         cluster_sampled_fits(rows, cluster_sampled_blocks(rows, n, elem_bytes, sm_count), sm_count) &&
-         threshold_sample(n, k, kClusterSampleSlots).rank > 0;
-}
-
-// Blocks per row in kClusterRows: for the sampled threshold, as above;
-// otherwise enough to hold the row, and about one per kClusterMinChunk
-// elements up to kClusterMaxBlocks; for rows the bins may take (n <=
-// kClusterBinsMaxLen), as above.
-constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
-  if (cluster_sampled_dispatch(rows, n, k, elem_bytes, sm_count)) {
-    return cluster_sampled_blocks(rows, n, elem_bytes, sm_count);
+// A row's cluster in kClusterRows: its blocks, and whether it takes the
+// sampled threshold. Sampled: rows whose length has a sample window (keys
+// of at most 32 bits, k <= kClusterMaxK) and whose clusters fit, on
+// cluster_sampled_blocks. Otherwise enough blocks to hold the row, about one
+// per kClusterMinChunk elements up to kClusterMaxBlocks, or for rows the bins
+// may take (n <= kClusterBinsMaxLen), as few as the bins' blocks allow.
+struct ClusterRowPlan {
+  int blocks;
+  bool sampled;
+};
+constexpr ClusterRowPlan cluster_row_plan(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  if (elem_bytes <= 4 && k <= kClusterMaxK && threshold_sample(n, k, kClusterSampleSlots).rank > 0) {
+    const int blocks = cluster_sampled_blocks(rows, n, elem_bytes, sm_count);
+    if (cluster_sampled_fits(rows, blocks, sm_count)) return ClusterRowPlan{blocks, true};
   }
   const bool bins = n <= kClusterBinsMaxLen;
   const int64_t chunk = bins ? kClusterBinsMinChunk : kClusterMinChunk;
   int64_t b = (n + chunk - 1) / chunk;
   if (b > kClusterMaxBlocks) b = kClusterMaxBlocks;
   while (bins && b > 1 && rows * b > cluster_bins_max_blocks(sm_count)) --b;
-  return b < 1 ? 1 : int(b);
+  return ClusterRowPlan{b < 1 ? 1 : int(b), false};
+}
+constexpr bool cluster_sampled_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  return cluster_row_plan(rows, n, k, elem_bytes, sm_count).sampled;
+}
+constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
+  return cluster_row_plan(rows, n, k, elem_bytes, sm_count).blocks;
 }
 
 // Where the cluster kernel is dispatched for its sampled bins: rows that
