@@ -118,9 +118,12 @@ for s in "$@"; do
       # on 132 SMs); all cases up to there outrun a call.
       step racecheck_threshold_narrow 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
         --kernel-name kns=threshold "$SELFTEST" --quick --min-elements 100000 --max-elements 110000 --no-clusters
-      # The cluster kernel's sampled threshold: its --quick cases of 17 rows of 32768.
+      # The cluster kernel's sampled threshold: its --quick cases of 17 rows of 32768,
+      # and of one row of 32768 (clusters of eight; ~2 min on an H100).
       step racecheck_cluster_sampled 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
-        --kernel-name kns=cluster_topk "$SELFTEST" --quick --min-elements 550000 --max-elements 560000 ;;
+        --kernel-name kns=cluster_topk "$SELFTEST" --quick --min-elements 550000 --max-elements 560000
+      step racecheck_cluster_one_row 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+        --kernel-name kns=cluster_topk "$SELFTEST" --quick --min-elements 32768 --max-elements 32768 ;;
     bench)
       step bench 500 python3 benchmarks/run.py --repeats 10 --out "$OUT" ;;
     tests_gpu_quick)
