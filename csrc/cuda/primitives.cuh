@@ -386,13 +386,12 @@ template <typename U, int kUnroll, int kMaxGroups>
 struct RowWalkStage {
   static constexpr int kMostGroups = kMaxGroups;
   RowWalkStageRoom room;
-  int groups;
+  int groups = 0;  // none until issue() stages some
   // room: most_groups (<= kMaxGroups) * nthreads * kUnroll vectors that
   // nothing else touches until the walk has read them.
   __device__ JAX_TOPK_FORCE_INLINE void issue(const U* __restrict__ row, int n, int tid, int nthreads,
                                               RowWalkStageRoom stage_room, int most_groups) {
     room = stage_room;
-    groups = 0;
 #if defined(JAX_TOPK_HAS_MMA)
     constexpr int kVec = int(16 / sizeof(U));
     const int head = row_head_elems(row, n);

@@ -517,7 +517,6 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
       t = loads.select(uint32_t(sample.rank), uint32_t(sample.most), codec, a, hist, ts, timer,
                        kThresholdPhaseMaxima, kThresholdPhaseSelect);
     } else {
-      staged.groups = 0;
       t = threshold_from_group_maxima<U, kThreads, kR, kUnroll>(in, len, k, codec, a, hist, ts, timer);
     }
     // 3. Candidates >= T: at least k of them from group maxima; from a
