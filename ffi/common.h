@@ -250,4 +250,45 @@ auto gpu_row_op_binding() {
 }
 #endif
 
+// A row op's two handlers on a platform, without and with per-row lengths,
+// with the signatures of the bindings above plus the op's one attribute
+// (Attr): both forward to the op's rows function (kRows), which takes the
+// lengths or nullptr. Bound as, e.g., (cpu_row_op<int64_t, topk_cpu_rows>).
+template <typename Attr>
+using CpuRowsFn = ffi::Error (*)(ffi::ThreadPool&, const ffi::AnyBuffer&, const ffi::Buffer<ffi::S32>*,
+                                 ffi::AnyBuffer&, ffi::Buffer<ffi::S32>&, Attr);
+
+template <typename Attr, CpuRowsFn<Attr> kRows>
+ffi::Error cpu_row_op(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                      ffi::Result<ffi::Buffer<ffi::S32>> indices, Attr attr) {
+  return kRows(pool, x, nullptr, *values, *indices, attr);
+}
+
+template <typename Attr, CpuRowsFn<Attr> kRows>
+ffi::Error cpu_row_op_lengths(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+                              ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                              Attr attr) {
+  return kRows(pool, x, &lengths, *values, *indices, attr);
+}
+
+#if defined(JAX_TOPK_PLATFORM_GPU)
+template <typename Attr>
+using GpuRowsFn = ffi::Error (*)(gpuStream_t, const ffi::AnyBuffer&, const ffi::Buffer<ffi::S32>*, ffi::AnyBuffer&,
+                                 ffi::Buffer<ffi::S32>&, ffi::Buffer<ffi::U8>&, Attr);
+
+template <typename Attr, GpuRowsFn<Attr> kRows>
+ffi::Error gpu_row_op(gpuStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
+                      ffi::Result<ffi::Buffer<ffi::S32>> indices, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
+                      Attr attr) {
+  return kRows(stream, x, nullptr, *values, *indices, *workspace, attr);
+}
+
+template <typename Attr, GpuRowsFn<Attr> kRows>
+ffi::Error gpu_row_op_lengths(gpuStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
+                              ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
+                              ffi::Result<ffi::Buffer<ffi::U8>> workspace, Attr attr) {
+  return kRows(stream, x, &lengths, *values, *indices, *workspace, attr);
+}
+#endif
+
 }  // namespace jax_topk::ffi_util

@@ -33,16 +33,6 @@ ffi::Error sort_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   });
 }
 
-ffi::Error sort_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
-                    ffi::Result<ffi::Buffer<ffi::S32>> indices, bool descending) {
-  return sort_cpu_rows(pool, x, nullptr, *values, *indices, descending);
-}
-
-ffi::Error sort_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
-                            ffi::Result<ffi::AnyBuffer> values,
-                            ffi::Result<ffi::Buffer<ffi::S32>> indices, bool descending) {
-  return sort_cpu_rows(pool, x, &lengths, *values, *indices, descending);
-}
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
@@ -69,34 +59,25 @@ ffi::Error sort_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi:
                            given, stream));
 }
 
-ffi::Error sort_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
-                     ffi::Result<ffi::Buffer<ffi::S32>> indices, ffi::Result<ffi::Buffer<ffi::U8>> workspace,
-                     bool descending) {
-  return sort_gpu_rows(stream, x, nullptr, *values, *indices, *workspace, descending);
-}
-
-ffi::Error sort_lengths_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
-                             ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
-                             ffi::Result<ffi::Buffer<ffi::U8>> workspace, bool descending) {
-  return sort_gpu_rows(stream, x, &lengths, *values, *indices, *workspace, descending);
-}
 #endif
 
 }  // namespace
 }  // namespace jax_topk
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCpu, jax_topk::sort_cpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortCpu, (jax_topk::ffi_util::cpu_row_op<bool, jax_topk::sort_cpu_rows>),
                               jax_topk::ffi_util::cpu_row_op_binding<false>().Attr<bool>("descending"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCpu, jax_topk::sort_lengths_cpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsCpu,
+                              (jax_topk::ffi_util::cpu_row_op_lengths<bool, jax_topk::sort_cpu_rows>),
                               jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<bool>("descending"));
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortGpu, jax_topk::sort_gpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortGpu, (jax_topk::ffi_util::gpu_row_op<bool, jax_topk::sort_gpu_rows>),
                               jax_topk::ffi_util::gpu_row_op_binding<false>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsGpu, jax_topk::sort_lengths_gpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkSortLengthsGpu,
+                              (jax_topk::ffi_util::gpu_row_op_lengths<bool, jax_topk::sort_gpu_rows>),
                               jax_topk::ffi_util::gpu_row_op_binding<true>().Attr<bool>("descending"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif

@@ -34,16 +34,6 @@ ffi::Error topk_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
   });
 }
 
-ffi::Error topk_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
-                    ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
-  return topk_cpu_rows(pool, x, nullptr, *values, *indices, k);
-}
-
-ffi::Error topk_lengths_cpu(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
-                            ffi::Result<ffi::AnyBuffer> values,
-                            ffi::Result<ffi::Buffer<ffi::S32>> indices, int64_t k) {
-  return topk_cpu_rows(pool, x, &lengths, *values, *indices, k);
-}
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
@@ -69,34 +59,25 @@ ffi::Error topk_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi:
                            stream));
 }
 
-ffi::Error topk_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> values,
-                     ffi::Result<ffi::Buffer<ffi::S32>> indices,
-                     ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
-  return topk_gpu_rows(stream, x, nullptr, *values, *indices, *workspace, k);
-}
-
-ffi::Error topk_lengths_gpu(gpuStream_t stream, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> lengths,
-                             ffi::Result<ffi::AnyBuffer> values, ffi::Result<ffi::Buffer<ffi::S32>> indices,
-                             ffi::Result<ffi::Buffer<ffi::U8>> workspace, int64_t k) {
-  return topk_gpu_rows(stream, x, &lengths, *values, *indices, *workspace, k);
-}
 #endif
 
 }  // namespace
 }  // namespace jax_topk
 
 #if defined(JAX_TOPK_PLATFORM_CPU)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCpu, jax_topk::topk_cpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKCpu, (jax_topk::ffi_util::cpu_row_op<int64_t, jax_topk::topk_cpu_rows>),
                               jax_topk::ffi_util::cpu_row_op_binding<false>().Attr<int64_t>("k"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCpu, jax_topk::topk_lengths_cpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsCpu,
+                              (jax_topk::ffi_util::cpu_row_op_lengths<int64_t, jax_topk::topk_cpu_rows>),
                               jax_topk::ffi_util::cpu_row_op_binding<true>().Attr<int64_t>("k"));
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKGpu, jax_topk::topk_gpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKGpu, (jax_topk::ffi_util::gpu_row_op<int64_t, jax_topk::topk_gpu_rows>),
                               jax_topk::ffi_util::gpu_row_op_binding<false>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsGpu, jax_topk::topk_lengths_gpu,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkTopKLengthsGpu,
+                              (jax_topk::ffi_util::gpu_row_op_lengths<int64_t, jax_topk::topk_gpu_rows>),
                               jax_topk::ffi_util::gpu_row_op_binding<true>().Attr<int64_t>("k"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif
