@@ -4,12 +4,8 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,51 +129,17 @@ inline ffi::Error unsupported_dtype(const char* op, ffi::DataType t) {
                                      "the pure-JAX fallback)");
 }
 
-// Runs kernel tasks on XLA's intra-op thread pool. The calling thread works
-// too, and waits only for tasks that were claimed, never for pool threads to
-// start: a handler running on a pool thread, or a pool of one, cannot deadlock.
-class XlaThreadPoolRunner final : public cpu::TaskRunner {
+// Runs kernel tasks on XLA's intra-op thread pool and the calling thread
+// (cpu::HelpingTaskRunner: a handler running on a pool thread, or a pool of
+// one, cannot deadlock).
+struct XlaPoolSchedule {
+  ffi::ThreadPool* pool;
+  void operator()(std::function<void()> job) const { pool->Schedule(std::move(job)); }
+};
+class XlaThreadPoolRunner final : public cpu::HelpingTaskRunner<XlaPoolSchedule> {
  public:
   explicit XlaThreadPoolRunner(ffi::ThreadPool& pool)
-      : pool_(pool), threads_(std::max<int64_t>(1, pool.num_threads())) {}
-
-  int64_t concurrency() const override { return threads_; }
-
-  void run(int64_t num_tasks, const std::function<void(int64_t)>& task) override {
-    if (num_tasks <= 1 || threads_ <= 1) {
-      for (int64_t i = 0; i < num_tasks; ++i) task(i);
-      return;
-    }
-    auto state = std::make_shared<State>(num_tasks, &task);
-    const int64_t helpers = std::min(num_tasks, threads_) - 1;
-    for (int64_t h = 0; h < helpers; ++h) pool_.Schedule([state] { state->work(); });
-    state->work();
-    std::unique_lock<std::mutex> lock(state->mutex);
-    state->all_done.wait(lock, [&] { return state->done.load() == num_tasks; });
-  }
-
- private:
-  struct State {
-    State(int64_t n, const std::function<void(int64_t)>* t) : num_tasks(n), task(t) {}
-    void work() {
-      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
-        (*task)(i);
-        if (done.fetch_add(1) + 1 == num_tasks) {
-          std::lock_guard<std::mutex> lock(mutex);
-          all_done.notify_all();
-        }
-      }
-    }
-    const int64_t num_tasks;
-    const std::function<void(int64_t)>* task;  // valid until every claimed task is done
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    std::mutex mutex;
-    std::condition_variable all_done;
-  };
-
-  ffi::ThreadPool& pool_;
-  int64_t threads_;
+      : HelpingTaskRunner(pool.num_threads(), XlaPoolSchedule{&pool}) {}
 };
 
 #if defined(JAX_TOPK_PLATFORM_GPU)

@@ -9,14 +9,12 @@
 // must match sort_rows bit for bit, padding included.
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -75,48 +73,20 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-// The same protocol as the FFI layer's XlaThreadPoolRunner (ffi/common.h): the
-// caller works too and waits only for claimed tasks. `threads` counts the
-// caller, so the pool holds threads - 1 helpers.
-class PoolRunner final : public TaskRunner {
+// The FFI layer's runner protocol (HelpingTaskRunner) on a pool of our own:
+// `threads` counts the caller, so the pool holds threads - 1 helpers (held in
+// a base so that it is built before the runner that schedules on it).
+struct PoolSchedule {
+  ThreadPool* pool;
+  void operator()(std::function<void()> job) const { pool->schedule(std::move(job)); }
+};
+struct PoolHolder {
+  explicit PoolHolder(int helpers) : pool(helpers) {}
+  ThreadPool pool;
+};
+class PoolRunner final : private PoolHolder, public HelpingTaskRunner<PoolSchedule> {
  public:
-  explicit PoolRunner(int threads) : threads_(threads), pool_(threads - 1) {}
-  int64_t concurrency() const override { return threads_; }
-
-  void run(int64_t num_tasks, const std::function<void(int64_t)>& task) override {
-    if (num_tasks <= 1 || threads_ <= 1) {
-      for (int64_t i = 0; i < num_tasks; ++i) task(i);
-      return;
-    }
-    auto state = std::make_shared<State>(num_tasks, &task);
-    const int64_t helpers = std::min<int64_t>(num_tasks, threads_) - 1;
-    for (int64_t h = 0; h < helpers; ++h) pool_.schedule([state] { state->work(); });
-    state->work();
-    std::unique_lock<std::mutex> lock(state->mutex);
-    state->all_done.wait(lock, [&] { return state->done.load() == num_tasks; });
-  }
-
- private:
-  struct State {
-    State(int64_t n, const std::function<void(int64_t)>* t) : num_tasks(n), task(t) {}
-    void work() {
-      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
-        (*task)(i);
-        if (done.fetch_add(1) + 1 == num_tasks) {
-          std::lock_guard<std::mutex> lock(mutex);
-          all_done.notify_all();
-        }
-      }
-    }
-    const int64_t num_tasks;
-    const std::function<void(int64_t)>* task;
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-    std::mutex mutex;
-    std::condition_variable all_done;
-  };
-  int64_t threads_;
-  ThreadPool pool_;
+  explicit PoolRunner(int threads) : PoolHolder(threads - 1), HelpingTaskRunner(threads, PoolSchedule{&pool}) {}
 };
 
 // ---- the oracle -------------------------------------------------------------
