@@ -173,6 +173,24 @@ inline ffi::Error gpu_status(const char* op, gpuError_t status) {
   if (status == gpuSuccess) return ffi::Error::Success();
   return ffi::Error::Internal(std::string(op) + ": " JAX_TOPK_GPU_RUNTIME_NAME " error: " + gpuGetErrorString(status));
 }
+
+// The body of a GPU row op's handler: decodes x (out_len outputs a row,
+// dtypes with has_kernel), checks the workspace against needed(dtype, g) and
+// returns the status of launch(dtype, g, lengths or nullptr, workspace,
+// workspace bytes).
+template <typename Needed, typename Launch>
+ffi::Error run_gpu_rows(const char* op, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
+                        const ffi::AnyBuffer& values, int64_t out_len, bool (*has_kernel)(DType),
+                        ffi::Buffer<ffi::U8>& workspace, Needed&& needed, Launch&& launch) {
+  RowGeometry g;
+  DType dtype;
+  if (auto err = decode_gpu_rows(op, x, values, out_len, lengths, has_kernel, &g, &dtype); err.failure()) {
+    return err;
+  }
+  const size_t given = workspace.element_count();
+  if (auto err = check_workspace(op, given, needed(dtype, g)); err.failure()) return err;
+  return gpu_status(op, launch(dtype, g, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given));
+}
 #endif
 
 // Decodes x's dtype and calls kernel(dtype, runner) with XLA's thread pool.

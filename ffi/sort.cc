@@ -32,7 +32,6 @@ ffi::Error sort_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                    c.g.n, descending, c.lengths_or_null(), runner);
   });
 }
-
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
@@ -41,24 +40,15 @@ ffi::Error sort_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
 ffi::Error sort_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, bool descending) {
-  ffi_util::RowGeometry g;
-  DType dtype;
   const int64_t n = x.dimensions().size() ? x.dimensions().back() : 0;
-  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, n, lengths, sort_dtype, &g, &dtype);
-      err.failure()) {
-    return err;
-  }
-  const size_t given = workspace.element_count();
-  if (auto err = ffi_util::check_workspace(kOp, given, cuda::sort_scratch_bytes(dtype, g.rows, g.n));
-      err.failure()) {
-    return err;
-  }
-  return ffi_util::gpu_status(
-      kOp, cuda::sort_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
-                           descending, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(),
-                           given, stream));
+  return ffi_util::run_gpu_rows(
+      kOp, x, lengths, values, n, sort_dtype, workspace,
+      [&](DType dtype, const ffi_util::RowGeometry& g) { return cuda::sort_scratch_bytes(dtype, g.rows, g.n); },
+      [&](DType dtype, const ffi_util::RowGeometry& g, const int32_t* row_lengths, void* scratch, size_t bytes) {
+        return cuda::sort_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
+                               descending, row_lengths, scratch, bytes, stream);
+      });
 }
-
 #endif
 
 }  // namespace

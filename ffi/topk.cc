@@ -33,7 +33,6 @@ ffi::Error topk_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
                    c.g.n, k, c.lengths_or_null(), runner);
   });
 }
-
 #endif
 
 #if defined(JAX_TOPK_PLATFORM_GPU)
@@ -43,22 +42,14 @@ ffi::Error topk_cpu_rows(ffi::ThreadPool& pool, const ffi::AnyBuffer& x,
 ffi::Error topk_gpu_rows(gpuStream_t stream, const ffi::AnyBuffer& x, const ffi::Buffer<ffi::S32>* lengths,
                           ffi::AnyBuffer& values, ffi::Buffer<ffi::S32>& indices,
                           ffi::Buffer<ffi::U8>& workspace, int64_t k) {
-  ffi_util::RowGeometry g;
-  DType dtype;
-  if (auto err = ffi_util::decode_gpu_rows(kOp, x, values, k, lengths, topk_dtype, &g, &dtype); err.failure()) {
-    return err;
-  }
-  const size_t given = workspace.element_count();
-  if (auto err = ffi_util::check_workspace(kOp, given, cuda::topk_scratch_bytes(dtype, g.rows, g.n, k));
-      err.failure()) {
-    return err;
-  }
-  return ffi_util::gpu_status(
-      kOp, cuda::topk_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n,
-                           k, lengths ? lengths->typed_data() : nullptr, workspace.untyped_data(), given,
-                           stream));
+  return ffi_util::run_gpu_rows(
+      kOp, x, lengths, values, k, topk_dtype, workspace,
+      [&](DType dtype, const ffi_util::RowGeometry& g) { return cuda::topk_scratch_bytes(dtype, g.rows, g.n, k); },
+      [&](DType dtype, const ffi_util::RowGeometry& g, const int32_t* row_lengths, void* scratch, size_t bytes) {
+        return cuda::topk_rows(dtype, x.untyped_data(), values.untyped_data(), indices.typed_data(), g.rows, g.n, k,
+                               row_lengths, scratch, bytes, stream);
+      });
 }
-
 #endif
 
 }  // namespace
