@@ -180,18 +180,56 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE T min_of(T a, T b) { return a < b ? a
 // self-test's --bench then prints where a block's time goes). Thread 0 adds
 // the clock cycles since its previous mark to a per-phase counter; marks sit
 // right after barriers, so they time the whole block. Compiled out otherwise.
+// The same timer records when each block began and ended (the global timer,
+// ns, comparable across SMs), on which SM, and when each phase was last
+// marked, for the first kBlockTimelineBlocks blocks of a grid: where a
+// launch's span goes beyond the blocks' own time (their starts, their spread
+// of ends).
 inline constexpr int kPhaseTimerSlots = 8;
+inline constexpr int kBlockTimelineBlocks = 4096;
 #if defined(JAX_TOPK_PHASE_TIMING)
 static __device__ unsigned long long g_phase_cycles[kPhaseTimerSlots];  // one per translation unit
+// Per block: begin and end (global timer ns), the SM, the clock at its
+// start and the clock at the last mark of each phase (plain stores: a
+// read-modify-write per mark held thread 0 up, +1.4 us a block on 1024x8192);
+// the last launch's.
+inline constexpr int kBlockTimelineWords = 4 + kPhaseTimerSlots;
+static __device__ unsigned long long g_block_timeline[kBlockTimelineBlocks][kBlockTimelineWords];
 struct PhaseTimer {
   long long last = 0;
-  // clock64 exists in the device pass only.
+  // clock64 and the global timer exist in the device pass only.
 #if defined(JAX_TOPK_DEVICE_PASS)
-  __device__ PhaseTimer() : last(clock64()) {}
+  // 0 on HIP (the timeline is CUDA's; the phases are both).
+  static __device__ JAX_TOPK_FORCE_INLINE unsigned long long global_ns() {
+    unsigned long long t = 0;
+#if !defined(JAX_TOPK_HIP)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
+  }
+  __device__ PhaseTimer() : last(clock64()) {
+    if (threadIdx.x == 0 && blockIdx.x < kBlockTimelineBlocks) {
+      g_block_timeline[blockIdx.x][0] = global_ns();
+      g_block_timeline[blockIdx.x][3] = (unsigned long long)last;
+      for (int i = 0; i < kPhaseTimerSlots; ++i) g_block_timeline[blockIdx.x][4 + i] = 0;
+    }
+  }
+  // At the block's exit, whichever path it leaves by.
+  __device__ ~PhaseTimer() {
+    if (threadIdx.x == 0 && blockIdx.x < kBlockTimelineBlocks) {
+      unsigned int sm = 0;
+#if !defined(JAX_TOPK_HIP)
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+#endif
+      g_block_timeline[blockIdx.x][1] = global_ns();
+      g_block_timeline[blockIdx.x][2] = sm;
+    }
+  }
   __device__ JAX_TOPK_FORCE_INLINE void mark(int phase) {
     if (threadIdx.x == 0) {
       const long long now = clock64();
       atomicAdd(&g_phase_cycles[phase], (unsigned long long)(now - last));
+      if (blockIdx.x < kBlockTimelineBlocks) g_block_timeline[blockIdx.x][4 + phase] = (unsigned long long)now;
       last = now;
     }
   }

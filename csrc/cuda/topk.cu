@@ -618,6 +618,13 @@ gpuError_t read_phase_cycles(unsigned long long* out) {
   const unsigned long long zeros[kPhaseTimerSlots] = {};
   return gpuMemcpyToSymbol(g_phase_cycles, zeros, sizeof(zeros));
 }
+
+gpuError_t read_block_timeline(unsigned long long* out) {
+  gpuError_t err = gpuMemcpyFromSymbol(out, g_block_timeline, sizeof(g_block_timeline));
+  if (err != gpuSuccess) return err;
+  static const unsigned long long zeros[kBlockTimelineBlocks][kBlockTimelineWords] = {};
+  return gpuMemcpyToSymbol(g_block_timeline, zeros, sizeof(zeros));
+}
 #endif
 
 }  // namespace jax_topk::cuda

@@ -519,19 +519,6 @@ JAX_TOPK_UNROLL
   if (v0 < nvec) group(v0, std::false_type{});
 }
 
-// CompactAtLeast for the chunk walk, its test in bitwise logic: no branch
-// per element (the short-circuit form cost ~23 instructions an element,
-// 6 us a block of 32768 at one block of 16 warps per SM; the threshold
-// kernels keep it: there the bitwise form spills in two instantiations).
-template <typename U>
-struct ChunkCompactAtLeast : CompactAtLeast<U> {
-  __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
-    const uint32_t key = this->codec.key(bits), t_key = uint32_t(this->t >> 32);
-    const bool take = (key > t_key) | ((key == t_key) & (~uint32_t(i) >= uint32_t(this->t)));
-    this->mask |= uint32_t(valid & take) << pos;
-  }
-};
-
 // The sampled threshold of one row (every block of the cluster; the method
 // is in topk_dispatch.h): the sample's loads, then the chunk's copies into
 // chunk[] (raw bits), T from the sample while they fly, the chunk's
@@ -568,7 +555,7 @@ __device__ bool cluster_topk_by_sample(const cooperative_groups::cluster_group& 
   // The chunk's candidates into mine[] (its count and largest in ts: read
   // by the other blocks).
   uint64_t* mine = a + kG;
-  ChunkCompactAtLeast<U> compact{{codec, t, &ts.candidates, mine, uint32_t(kG)}};
+  CompactAtLeastBitwise<U> compact{{codec, t, &ts.candidates, mine, uint32_t(kG)}};
   walk_chunk_steps<U>(chunk, count, begin, compact);
   compact.publish_largest(&ts.candidates_hi);
 #if defined(JAX_TOPK_PHASE_TIMING)

@@ -48,6 +48,12 @@ gpuError_t topk_rows(DType dtype, const void* x, void* values, int32_t* indices,
 // the kernels that mark phases (PhaseTimer in primitives.cuh) into out[0:8)
 // and zeroes them.
 gpuError_t read_phase_cycles(unsigned long long* out);
+// ... and the block timeline of the last launch (g_block_timeline: per block
+// of the first kBlockTimelineBlocks, begin ns, end ns, SM, the clock at its
+// start and at each phase's last mark (0: none); zeros for blocks that did
+// not run) into out[0:kBlockTimelineWords * kBlockTimelineBlocks), and
+// zeroes it.
+gpuError_t read_block_timeline(unsigned long long* out);
 #endif
 
 }  // namespace jax_topk::cuda

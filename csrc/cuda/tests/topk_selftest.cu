@@ -31,6 +31,12 @@
 //                                   also several chunks of the tile regime; with
 //                                   --bench the sort timings in every regime)
 //
+// Built with -DJAX_TOPK_PHASE_TIMING (topk.cu too), --bench also prints each
+// shape's block us per phase and the timeline of one launch in a CUDA graph
+// (when its blocks began and ended, how long they took); with
+// JAX_TOPK_TIMELINE_DUMP=FILE every block's line (SM, begin, end, phases) is
+// appended to FILE.
+//
 // Sort cases use the same inputs and lengths; their oracle is the stable sort
 // of the ordered keys, ascending or descending, ties by lower index.
 //
@@ -1137,6 +1143,80 @@ void print_phases(const unsigned long long* cycles, int64_t rows) {
   }
   std::printf("\n");
 }
+
+// Where one launch's span goes (the last launch of `relaunch`, a CUDA graph
+// of launches back to back: a launch in the steady state of a jitted
+// executable): when its blocks began and ended, in us from the first block's
+// start (the global timer, comparable across SMs), and how long each took.
+// With JAX_TOPK_TIMELINE_DUMP set, every block's line (block, SM, begin and
+// end us, us per phase) is appended to that file under a line naming `what`.
+template <typename Relaunch>
+void print_block_timeline(const char* what, Relaunch&& relaunch) {
+  constexpr int kBlocks = jax_topk::cuda::kBlockTimelineBlocks, kWords = jax_topk::cuda::kBlockTimelineWords;
+  std::vector<unsigned long long> t(size_t(kWords * kBlocks));
+  CHECK_CUDA(jax_topk::cuda::read_block_timeline(t.data()));  // zero it
+  relaunch();
+  CHECK_CUDA(jax_topk::cuda::read_block_timeline(t.data()));
+  auto at = [&](int b, int w) { return t[size_t(kWords * b + w)]; };
+  unsigned long long first = ~0ull;
+  std::vector<unsigned long long> stamps;
+  std::vector<int> sms;
+  for (int b = 0; b < kBlocks; ++b) {
+    if (at(b, 0) == 0 || at(b, 1) == 0) continue;  // not run
+    first = std::min(first, at(b, 0));
+    stamps.push_back(at(b, 0));
+    stamps.push_back(at(b, 1));
+    sms.push_back(int(at(b, 2)));
+  }
+  if (const char* path = std::getenv("JAX_TOPK_TIMELINE_DUMP"); path != nullptr && !stamps.empty()) {
+    if (FILE* f = std::fopen(path, "a")) {
+      // A phase's us: from the mark before its last mark (or the block's
+      // start) to that mark, the marks in time order. Exact where each
+      // phase is marked once (a row per block); the last row's otherwise.
+      constexpr int kPhases = jax_topk::cuda::kPhaseTimerSlots;
+      std::fprintf(f, "# %s: block sm begin_us end_us, then us per phase 0..%d\n", what, kPhases - 1);
+      for (int b = 0; b < kBlocks; ++b) {
+        if (at(b, 0) == 0 || at(b, 1) == 0) continue;
+        std::fprintf(f, "%d %d %.3f %.3f", b, int(at(b, 2)), double(at(b, 0) - first) * 1e-3,
+                     double(at(b, 1) - first) * 1e-3);
+        for (int i = 0; i < kPhases; ++i) {
+          const unsigned long long mark = at(b, 4 + i);
+          unsigned long long before = at(b, 3);  // the block's start
+          for (int j = 0; j < kPhases; ++j) {
+            if (at(b, 4 + j) != 0 && at(b, 4 + j) < mark) before = std::max(before, at(b, 4 + j));
+          }
+          std::fprintf(f, " %.3f", mark == 0 ? 0.0 : double(mark - before) / (g_clock_khz * 1e-3));
+        }
+        std::fprintf(f, "\n");
+      }
+      std::fclose(f);
+    }
+  }
+  if (stamps.empty()) return;
+  std::vector<double> begins, ends, took;
+  for (size_t i = 0; i < stamps.size(); i += 2) {
+    begins.push_back(double(stamps[i] - first) * 1e-3);
+    ends.push_back(double(stamps[i + 1] - first) * 1e-3);
+    took.push_back(double(stamps[i + 1] - stamps[i]) * 1e-3);
+  }
+  auto pct = [](std::vector<double> v, double p) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+  };
+  // The timer's step: the smallest gap between two distinct stamps.
+  std::sort(stamps.begin(), stamps.end());
+  unsigned long long step = ~0ull;
+  for (size_t i = 1; i < stamps.size(); ++i) {
+    if (stamps[i] != stamps[i - 1]) step = std::min(step, stamps[i] - stamps[i - 1]);
+  }
+  std::sort(sms.begin(), sms.end());
+  const size_t sm_count = size_t(std::unique(sms.begin(), sms.end()) - sms.begin());
+  std::printf("    timeline (us, %zu blocks on %zu SMs, timer step %.3f): begins p50 %.2f p90 %.2f max %.2f | "
+              "ends min %.2f p10 %.2f p50 %.2f p90 %.2f max %.2f | blocks took p10 %.2f p50 %.2f p90 %.2f max %.2f\n",
+              took.size(), sm_count, double(step) * 1e-3, pct(begins, 0.5), pct(begins, 0.9), pct(begins, 1.0),
+              pct(ends, 0.0), pct(ends, 0.1), pct(ends, 0.5), pct(ends, 0.9), pct(ends, 1.0), pct(took, 0.1),
+              pct(took, 0.5), pct(took, 0.9), pct(took, 1.0));
+}
 #endif
 
 // The regimes the benchmarks time beside the dispatched one, where they hold
@@ -1222,6 +1302,7 @@ void run_ragged_bench(int64_t k) {
                 graph_launch_us(launch_on, 32), r == dispatched ? "  (dispatched)" : "");
 #if defined(JAX_TOPK_PHASE_TIMING)
     print_phases(cycles, kRows);
+    print_block_timeline(label, [&] { graph_launch_us(launch_on, 32); });
 #endif
     if (g_compare_regimes && k == 512 && (r == TopkRegime::kClusterRows || r == TopkRegime::kThresholdRowPerBlock)) {
       // The batch's first rows alone: how the span grows with the rows
@@ -1368,6 +1449,7 @@ void run_bench(const std::string& only) {
     if (g_compare_regimes) time_other_regimes(floor_us);
 #if defined(JAX_TOPK_PHASE_TIMING)
     print_phases(cycles, s.rows);
+    print_block_timeline(shape, [&] { graph_us(dispatched, scratch, scratch_bytes); });
 #endif
     for (float* p : inputs) CHECK_CUDA(cudaFree(p));
     CHECK_CUDA(cudaFree(values));
