@@ -1144,12 +1144,43 @@ void print_phases(const unsigned long long* cycles, int64_t rows) {
   std::printf("\n");
 }
 
+// Appends the block timeline t (read_block_timeline's words; times from the
+// first block's start at `first`) to `path`: a line naming `what`, then a line
+// a block: block, SM, begin and end us, us per phase. A phase's us run from
+// the mark before its last mark (or the block's start) to that mark, the marks
+// in time order: exact where each phase is marked once (a row per block), the
+// last row's otherwise.
+void append_block_timeline(const char* path, const char* what, const std::vector<unsigned long long>& t,
+                           unsigned long long first) {
+  constexpr int kBlocks = jax_topk::cuda::kBlockTimelineBlocks, kWords = jax_topk::cuda::kBlockTimelineWords;
+  constexpr int kPhases = jax_topk::cuda::kPhaseTimerSlots;
+  auto at = [&](int b, int w) { return t[size_t(kWords * b + w)]; };
+  FILE* f = std::fopen(path, "a");
+  if (f == nullptr) return;
+  std::fprintf(f, "# %s: block sm begin_us end_us, then us per phase 0..%d\n", what, kPhases - 1);
+  for (int b = 0; b < kBlocks; ++b) {
+    if (at(b, 0) == 0 || at(b, 1) == 0) continue;  // not run
+    std::fprintf(f, "%d %d %.3f %.3f", b, int(at(b, 2)), double(at(b, 0) - first) * 1e-3,
+                 double(at(b, 1) - first) * 1e-3);
+    for (int i = 0; i < kPhases; ++i) {
+      const unsigned long long mark = at(b, 4 + i);
+      unsigned long long before = at(b, 3);  // the block's start
+      for (int j = 0; j < kPhases; ++j) {
+        if (at(b, 4 + j) != 0 && at(b, 4 + j) < mark) before = std::max(before, at(b, 4 + j));
+      }
+      std::fprintf(f, " %.3f", mark == 0 ? 0.0 : double(mark - before) / (g_clock_khz * 1e-3));
+    }
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+}
+
 // Where one launch's span goes (the last launch of `relaunch`, a CUDA graph
 // of launches back to back: a launch in the steady state of a jitted
 // executable): when its blocks began and ended, in us from the first block's
 // start (the global timer, comparable across SMs), and how long each took.
-// With JAX_TOPK_TIMELINE_DUMP set, every block's line (block, SM, begin and
-// end us, us per phase) is appended to that file under a line naming `what`.
+// With JAX_TOPK_TIMELINE_DUMP set, every block's line is appended to that
+// file (append_block_timeline) under a line naming `what`.
 template <typename Relaunch>
 void print_block_timeline(const char* what, Relaunch&& relaunch) {
   constexpr int kBlocks = jax_topk::cuda::kBlockTimelineBlocks, kWords = jax_topk::cuda::kBlockTimelineWords;
@@ -1168,31 +1199,8 @@ void print_block_timeline(const char* what, Relaunch&& relaunch) {
     stamps.push_back(at(b, 1));
     sms.push_back(int(at(b, 2)));
   }
-  if (const char* path = std::getenv("JAX_TOPK_TIMELINE_DUMP"); path != nullptr && !stamps.empty()) {
-    if (FILE* f = std::fopen(path, "a")) {
-      // A phase's us: from the mark before its last mark (or the block's
-      // start) to that mark, the marks in time order. Exact where each
-      // phase is marked once (a row per block); the last row's otherwise.
-      constexpr int kPhases = jax_topk::cuda::kPhaseTimerSlots;
-      std::fprintf(f, "# %s: block sm begin_us end_us, then us per phase 0..%d\n", what, kPhases - 1);
-      for (int b = 0; b < kBlocks; ++b) {
-        if (at(b, 0) == 0 || at(b, 1) == 0) continue;
-        std::fprintf(f, "%d %d %.3f %.3f", b, int(at(b, 2)), double(at(b, 0) - first) * 1e-3,
-                     double(at(b, 1) - first) * 1e-3);
-        for (int i = 0; i < kPhases; ++i) {
-          const unsigned long long mark = at(b, 4 + i);
-          unsigned long long before = at(b, 3);  // the block's start
-          for (int j = 0; j < kPhases; ++j) {
-            if (at(b, 4 + j) != 0 && at(b, 4 + j) < mark) before = std::max(before, at(b, 4 + j));
-          }
-          std::fprintf(f, " %.3f", mark == 0 ? 0.0 : double(mark - before) / (g_clock_khz * 1e-3));
-        }
-        std::fprintf(f, "\n");
-      }
-      std::fclose(f);
-    }
-  }
   if (stamps.empty()) return;
+  if (const char* path = std::getenv("JAX_TOPK_TIMELINE_DUMP")) append_block_timeline(path, what, t, first);
   std::vector<double> begins, ends, took;
   for (size_t i = 0; i < stamps.size(); i += 2) {
     begins.push_back(double(stamps[i] - first) * 1e-3);
