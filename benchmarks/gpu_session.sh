@@ -12,7 +12,8 @@
 #              memcheck and racecheck over its --quick cases, the GPU pytest of sort
 #   kbench     the self-test's --bench: kernel time alone (CUDA events)
 #   kregimes   the same with every regime that holds each shape (--regimes)
-#   phases     the self-test built with the phase timer, on the ragged batches
+#   phases     the self-test built with the phase timer, on the ragged batches (every block's
+#              timeline in $OUT/timeline.txt)
 #   overhead   per-call cost inside a jitted executable (benchmarks/call_overhead.py)
 #   trace      GPU timeline of those executables: kernel time against gaps
 #              (benchmarks/trace_calls.py), with and without XLA command buffers
@@ -138,7 +139,7 @@ for s in "$@"; do
     phases)  # where a block's time goes (-DJAX_TOPK_PHASE_TIMING), on the ragged batches
       step phases_build 300 "${NVCC[@]}" -DJAX_TOPK_PHASE_TIMING csrc/cuda/topk.cu csrc/cuda/sort.cu \
         csrc/cuda/tests/topk_selftest.cu -o /tmp/topk_phases &&
-        step phases 200 /tmp/topk_phases --bench --regimes --only ragged ;;
+        JAX_TOPK_TIMELINE_DUMP="$OUT/timeline.txt" step phases 200 /tmp/topk_phases --bench --regimes --only ragged ;;
     overhead)
       step overhead 200 python3 benchmarks/call_overhead.py
       XLA_FLAGS=--xla_gpu_enable_command_buffer= step overhead_no_cmdbuf 200 python3 benchmarks/call_overhead.py ;;
