@@ -7,8 +7,8 @@
 // warp) and 45K for 2048 with two blocks per SM; ranking 64 values by
 // counting takes 1.1K, 256 take 4.8K.
 //
-// - c <= kRankByCountingMaxC: thread i counts the values above a[i] (c loads
-//   of a broadcast shared-memory word each).
+// - c <= rank_by_counting_max_c(threads): thread i counts the values above
+//   a[i] (c loads of a broadcast shared-memory word each).
 // - larger c: values are bucketed by their offset from the minimum or a
 //   known lower bound (the top kRankBucketBits bits of the range, up to the
 //   maximum or a known upper bound), the buckets laid out from the top by
@@ -25,7 +25,19 @@
 
 namespace jax_topk::cuda {
 
-inline constexpr int kRankByCountingMaxC = 256;
+// Counting costs each thread c^2 / threads compares; bucketing costs a block
+// about the same whatever c (~2.2K warp instructions a row at c ~ 500 on 128
+// threads, ncu on an H100). 256 is the crossing measured on 512 threads, so
+// it scales with the square root of the threads: 128 on 128 threads, where
+// rows of 1024 x 8192 k = 64 with c of 130..256 spent 4.3-6.3 us ranking by
+// counting against ~2.6 bucketed (H100 block timeline) and were the launch's
+// slowest blocks.
+JAX_TOPK_HOST_DEVICE constexpr int rank_by_counting_max_c(int threads) {
+  int c = 1;
+  while (c < 256 && (c + 1) * (c + 1) <= 128 * threads) ++c;
+  return c;
+}
+static_assert(rank_by_counting_max_c(128) == 128 && rank_by_counting_max_c(512) == 256, "the crossings measured");
 inline constexpr int kRankBucketBits = 11;
 inline constexpr int kRankBuckets = 1 << kRankBucketBits;
 inline constexpr uint32_t kRankMaxBucket = 64;
@@ -101,7 +113,7 @@ __device__ RankBuckets block_rank_buckets(const uint64_t* a, int c, BlockRankSha
   return RankBuckets{range.lo, rank_bucket_shift(range.lo, range.hi)};
 }
 
-// The values of a[0:c) (c > kRankByCountingMaxC, distinct, written and
+// The values of a[0:c) (c above rank_by_counting_max_c, distinct, written and
 // followed by a barrier) scattered into spill[] by bucket rb.of(), buckets
 // laid out from the top: bucket b spans [bins[b + 1], bins[b]) of spill
 // afterwards (from 0 for the top bucket). bins: kRankBuckets u32. False,
@@ -172,7 +184,7 @@ __device__ JAX_TOPK_FORCE_INLINE int rank_in_buckets(uint64_t e, const uint64_t*
   return rank_in_span(e, spill, bucket_span(e, bins, rb));
 }
 
-// Rank from the top of `mine` among a[0:c) by counting (c <= kRankByCountingMaxC).
+// Rank from the top of `mine` among a[0:c) by counting (c <= rank_by_counting_max_c).
 __device__ JAX_TOPK_FORCE_INLINE int rank_by_counting(const uint64_t* a, int c, uint64_t mine) {
   int rank = 0;
 #pragma unroll 8
@@ -197,7 +209,7 @@ template <int kThreads, typename Emit>
 __device__ bool block_rank_desc(const uint64_t* a, int c, int wanted, int part, int parts, uint64_t* spill,
                                 uint32_t* bins, BlockRankShared<kThreads>& rs, RankRange range, Emit&& emit) {
   const int tid = int(threadIdx.x);
-  if (c <= kRankByCountingMaxC) {
+  if (c <= rank_by_counting_max_c(kThreads)) {
     const int first = int(int64_t(c) * part / parts), last = int(int64_t(c) * (part + 1) / parts);
     for (int i = first + tid; i < last; i += kThreads) {
       const int pos = rank_by_counting(a, c, a[i]);
@@ -235,7 +247,7 @@ __device__ const uint64_t* block_order_by_rank_desc(uint64_t* a, int c, uint64_t
                                                     BlockRankShared<kThreads>& rs,
                                                     RankRange range = RankRange{}) {
   const int tid = int(threadIdx.x);
-  if (c <= kRankByCountingMaxC) {
+  if (c <= rank_by_counting_max_c(kThreads)) {
     for (int i = tid; i < c; i += kThreads) spill[rank_by_counting(a, c, a[i])] = a[i];
     __syncthreads();
     return spill;

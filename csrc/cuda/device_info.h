@@ -17,6 +17,7 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;
   int max_shared_optin = 0;  // dynamic shared memory a block may opt into
   bool clusters = false;  // thread-block clusters (compute capability 9.0 and newer)
+  bool bulk_copies = false;  // cp.async.bulk and mbarrier transaction counts (the same chips)
 };
 
 inline gpuError_t read_device(int device, DeviceInfo* info) {
@@ -35,6 +36,7 @@ inline gpuError_t read_device(int device, DeviceInfo* info) {
 #else
   info->clusters = false;  // (AMD reports gfx9 chips as major 9)
 #endif
+  info->bulk_copies = info->clusters;
   return gpuSuccess;
 }
 

@@ -420,37 +420,85 @@ struct RowWalkStageRoom {
 // thread. CUDA only (cp.async); elsewhere nothing is staged. (A group held in
 // registers instead was slower: ptxas spilled the threshold kernel, whose
 // waits for the spilled loads doubled its sample phase.)
+// With ring (one group staged, room for two; sm_90's bulk copies): the walk
+// then streams every later whole group through the two group slots, one
+// thread copying group j + 1 into one slot (cp.async.bulk, completing on that
+// slot's mbarrier) while the block walks group j from the other, so that a
+// group's load overlaps the walk of the one before it instead of following
+// it. A barrier before each copy keeps a slot from being overwritten while a
+// thread still reads it. Bulk copies rather than each thread's cp.async: the
+// walk's shared-memory stores (the candidates) would queue behind a thread's
+// copies in flight (benchmarks/results/NOTES.md v20, v23).
 template <typename U, int kUnroll, int kMaxGroups>
 struct RowWalkStage {
   static constexpr int kMostGroups = kMaxGroups;
   RowWalkStageRoom room;
   int groups = 0;  // none until issue() stages some
+  // issue()'s: the walk streams its later whole groups through two slots by
+  // bulk copies completing on bars[slot]; bit s of parity is bars[s]'s next
+  // phase, carried from row to row by the caller.
+  bool ring = false;
+  uint64_t* bars = nullptr;
+  mutable uint32_t parity = 0;
   // room: most_groups (<= kMaxGroups) * nthreads * kUnroll vectors that
-  // nothing else touches until the walk has read them.
+  // nothing else touches until the walk has read them (two groups' worth
+  // with ring). With ring, ring_bars: two mbarriers initialised for one
+  // arrival (before any thread waits on them).
   __device__ JAX_TOPK_FORCE_INLINE void issue(const U* __restrict__ row, int n, int tid, int nthreads,
-                                              RowWalkStageRoom stage_room, int most_groups) {
+                                              RowWalkStageRoom stage_room, int most_groups, bool with_ring = false,
+                                              uint64_t* ring_bars = nullptr, uint32_t ring_parity = 0) {
     room = stage_room;
+    bars = ring_bars;
+    parity = ring_parity;
 #if defined(JAX_TOPK_HAS_MMA)
     constexpr int kVec = int(16 / sizeof(U));
     const int head = row_head_elems(row, n);
     const int whole_groups = n > 0 ? (n - head) / kVec / (nthreads * kUnroll) : 0;
     groups = whole_groups < most_groups ? whole_groups : most_groups;
+#if defined(JAX_TOPK_HAS_BULK_COPY)
+    ring = with_ring && groups == 1;
+#endif
     const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
     // Unrolled: the copies issued back to back (a loop of them slowed the
     // sample's loads before them by 0.7 us a row).
 JAX_TOPK_UNROLL
     for (int g = 0; g < kMaxGroups; ++g) {
-      if (g < groups) {
-JAX_TOPK_UNROLL
-        for (int u = 0; u < kUnroll; ++u) {
-          const int v = (g * kUnroll + u) * nthreads + tid;
-          copy_async_16(shared_address(room.at(v)), vecs + v, true);
-        }
-      }
+      if (g < groups) copy_group(vecs, g, g, tid, nthreads);
     }
     copy_async_commit();
 #endif
   }
+  // The shared-memory slot of this thread's vector u of a group in slot s.
+  __device__ JAX_TOPK_FORCE_INLINE uint4* slot_vector(int s, int u, int tid, int nthreads) const {
+    return room.at((s * kUnroll + u) * nthreads + tid);
+  }
+#if defined(JAX_TOPK_HAS_MMA)
+  // This thread's vectors of whole group g (of vecs, the row's aligned part) into slot s; not committed.
+  __device__ JAX_TOPK_FORCE_INLINE void copy_group(const uint4* vecs, int g, int s, int tid, int nthreads) const {
+JAX_TOPK_UNROLL
+    for (int u = 0; u < kUnroll; ++u) {
+      copy_async_16(shared_address(slot_vector(s, u, tid, nthreads)), vecs + (g * kUnroll + u) * nthreads + tid,
+                    true);
+    }
+  }
+#endif
+#if defined(JAX_TOPK_HAS_BULK_COPY)
+  // Whole group g into slot s by bulk copies (one thread; the slot may span the room's two pieces).
+  __device__ JAX_TOPK_FORCE_INLINE void bulk_group(const uint4* vecs, int g, int s, int nthreads) const {
+    const int per_group = kUnroll * nthreads, first = s * per_group;
+    mbarrier_arrive_expect_tx(&bars[s], uint32_t(per_group) * 16u);
+    const int in_first = first >= room.vecs ? 0 : (room.vecs - first < per_group ? room.vecs - first : per_group);
+    const uint4* src = vecs + g * per_group;
+    if (in_first > 0) bulk_copy_to_shared(room.first + first, src, uint32_t(in_first) * 16u, &bars[s]);
+    if (in_first < per_group) {
+      bulk_copy_to_shared(room.at(first + in_first), src + in_first, uint32_t(per_group - in_first) * 16u, &bars[s]);
+    }
+  }
+  __device__ JAX_TOPK_FORCE_INLINE void wait_bulk(int s) const {
+    mbarrier_wait_parity(&bars[s], (parity >> s) & 1u);
+    parity ^= 1u << s;
+  }
+#endif
 };
 
 // Walks row[0, n) with the threads [0, nthreads) of a block: a scalar head up
@@ -492,16 +540,16 @@ __device__ JAX_TOPK_FORCE_INLINE void walk_row_steps(const U* __restrict__ row, 
   const int nvec = (n - head) / kVec;
   const uint4* vecs = reinterpret_cast<const uint4*>(row + head);
   const int stride = nthreads * kUnroll;
-  // from_stage: the group is one of the staged ones (the stage holds vector v at v).
-  auto group = [&](int v0, auto whole, bool from_stage) {
+  // slot >= 0: the group is in that slot of the stage (walked from shared memory).
+  auto group = [&](int v0, auto whole, int slot) {
     constexpr bool kWhole = decltype(whole)::value;  // every v < nvec
     Vec16<U> data[kUnroll];
 JAX_TOPK_UNROLL
     for (int u = 0; u < kUnroll; ++u) {
       const int v = v0 + u * nthreads + tid;
       if constexpr (kHasStage) {
-        if (from_stage) {
-          data[u].raw = *staged->room.at(v);
+        if (slot >= 0) {
+          data[u].raw = *staged->slot_vector(slot, u, tid, nthreads);
           continue;
         }
       }
@@ -514,35 +562,64 @@ JAX_TOPK_UNROLL
       for (int e = 0; e < kVec; ++e) step.scan(data[u].elems[e], head + v * kVec + e, kWhole || v < nvec, u * kVec + e);
     }
     step.between();
+    // This thread's first element of the step; pos is unsigned, so / and %
+    // by kVec are shifts, and an emit's address is one 32-bit offset from it.
+    const int i0 = head + (v0 + tid) * kVec;
+    const U* step_row = row + i0;
     for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
-      const int pos = __ffs(m) - 1;
-      const int v = v0 + (pos / kVec) * nthreads + tid;
-      const int i = head + v * kVec + pos % kVec;
+      const uint32_t pos = uint32_t(__ffs(int(m))) - 1u;
+      const uint32_t u = pos / kVec, e = pos % kVec;
+      const uint32_t offset = u * uint32_t(nthreads * kVec) + e;
       if constexpr (kHasStage) {
-        if (from_stage) {
-          step.emit(reinterpret_cast<const U*>(staged->room.at(v))[pos % kVec], i);
+        if (slot >= 0) {
+          step.emit(reinterpret_cast<const U*>(staged->slot_vector(slot, int(u), tid, nthreads))[e], i0 + int(offset));
           continue;
         }
       }
-      step.emit(row[i], i);
+      step.emit(step_row[offset], i0 + int(offset));
     }
     step.after_step();
   };
   int v0 = 0;
   if constexpr (kHasStage) {
 #if defined(JAX_TOPK_HAS_MMA)
-    if (staged->groups > 0) copy_async_wait<0>();  // this thread's own copies: no barrier
+    bool streamed = false;  // uniform
+#if defined(JAX_TOPK_HAS_BULK_COPY)
+    if (staged->ring) {  // group 0 staged in slot 0 (cp.async); group j in slot j % 2
+      const int whole = nvec / stride;
+      // The room's earlier generic accesses (a previous row's rank) before the copies.
+      fence_proxy_async_shared();
+      __syncthreads();
+      if (whole > 1 && tid == 0) staged->bulk_group(vecs, 1, 1, nthreads);
+      for (int j = 0; j < whole; ++j, v0 += stride) {
+        if (j + 1 < whole && j > 0) {
+          __syncthreads();  // every thread has walked group j - 1 (emits too), in slot (j + 1) % 2
+          if (tid == 0) staged->bulk_group(vecs, j + 1, (j + 1) & 1, nthreads);
+        }
+        if (j == 0) {
+          copy_async_wait<0>();  // this thread's own copies
+        } else {
+          staged->wait_bulk(j & 1);
+        }
+        group(v0, std::true_type{}, j & 1);
+      }
+      streamed = true;
+    }
 #endif
+    if (!streamed) {
+      if (staged->groups > 0) copy_async_wait<0>();  // this thread's own copies: no barrier
 JAX_TOPK_UNROLL
-    for (int g = 0; g < Stage::kMostGroups; ++g) {
-      if (g < staged->groups) {  // uniform
-        group(v0, std::true_type{}, true);
-        v0 += stride;
+      for (int g = 0; g < Stage::kMostGroups; ++g) {
+        if (g < staged->groups) {  // uniform
+          group(v0, std::true_type{}, g);
+          v0 += stride;
+        }
       }
     }
+#endif
   }
-  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{}, false);
-  if (v0 < nvec) group(v0, std::false_type{}, false);
+  for (; v0 + stride <= nvec; v0 += stride) group(v0, std::true_type{}, -1);
+  if (v0 < nvec) group(v0, std::false_type{}, -1);
   const int tail = head + nvec * kVec + tid;  // fewer than kVec left
   scalar_step(tail, tail < n);
 }

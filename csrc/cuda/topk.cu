@@ -332,6 +332,23 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
       break;
     }
   }
+  // With one group staged and more whole groups to the row, the walk streams
+  // them through two slots (RowWalkStage's ring, sm_90) where their room also
+  // keeps the blocks per SM. (A row of one group has nothing to stream, and
+  // the larger shared-memory carve-out alone cost 264 x 8192 k = 64 / 256 on
+  // wide blocks 4-5%: benchmarks/results/NOTES.md v23.)
+  bool walk_ring = false;
+  const int64_t group_elems = int64_t(kThreads) * kUnroll * int64_t(16 / sizeof(U));
+  if (staged_groups == 1 && dev.bulk_copies && n >= 2 * group_elems) {
+    const size_t ring_smem =
+        threshold_smem_bytes(kR, kThreads, threshold_stage_overflow_bytes(kR, kThreads, kUnroll, 2));
+    int ring_per_sm = 0;
+    if ((err = prepare_kernel(dev.device, kernel, kThreads, ring_smem, &ring_per_sm)) != gpuSuccess) return err;
+    if (ring_per_sm >= per_sm) {
+      walk_ring = true;
+      smem = ring_smem;
+    }
+  }
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, two_reads ? n * int64_t(sizeof(U)) : 0);
   if constexpr (kStream) {
     threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>
@@ -339,7 +356,7 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   } else {
     threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>
         <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), sample,
-                                                     staged_groups, codec, lengths, values, indices);
+                                                     staged_groups, walk_ring, codec, lengths, values, indices);
   }
   return gpuGetLastError();
 }

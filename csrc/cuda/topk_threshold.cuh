@@ -32,7 +32,9 @@
 // instead of the whole row's group maxima, and T = a value with between
 // rank and most of them at or above it. The row is then read once, its
 // first walk group copied into shared memory (cp.async) while T is selected
-// (RowWalkStage in primitives.cuh), the HBM idling otherwise. Unlike the
+// (RowWalkStage in primitives.cuh), the HBM idling otherwise, and on sm_90
+// its later groups streamed through two shared-memory slots by bulk copies,
+// each group's load under the walk of the one before (the walk's ring). Unlike the
 // maxima's T, a sample's does not guarantee k candidates: the compaction's
 // count is checked, and a row with fewer than k takes the fallback below.
 // Fallback: c > G (capacity) -- only when many groups are empty or, with
@@ -111,7 +113,9 @@ inline constexpr int kThresholdMaxStagedGroups = 1;
 // `overflow` bytes. A sampled row's first walk groups (RowWalkStage) go
 // where the select leaves the shared memory untouched: the histogram past
 // the select's words and the spans (threshold_stage_room_bytes), then the
-// overflow. (The candidates first and the histogram after them spilled.)
+// overflow; so do the walk ring's two slots, which the rank (spans, bins)
+// only reuses after the walk. (The candidates first and the histogram after
+// them spilled.)
 JAX_TOPK_HOST_DEVICE constexpr size_t threshold_stage_room_bytes(int slots, int threads) {
   return size_t(kRadixBins - kThresholdSelectWords) * sizeof(uint32_t) +
          size_t(threads) * size_t(slots) * sizeof(uint64_t);
@@ -269,8 +273,8 @@ JAX_TOPK_UNROLL
 template <typename U>
 struct CompactAtLeastBitwise : CompactAtLeast<U> {
   __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
-    const uint32_t key = this->codec.key(bits), t_key = uint32_t(this->t >> 32);
-    const bool take = (key > t_key) | ((key == t_key) & (~uint32_t(i) >= uint32_t(this->t)));
+    // One 64-bit compare: two chained ISETPs (the halves' form took three).
+    const bool take = this->packed(bits, i) >= this->t;
     this->mask |= uint32_t(valid & take) << pos;
   }
 };
@@ -483,7 +487,8 @@ __device__ void write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint64_t
 // G more (the maxima, then the candidates, then for the fallback:
 // next_pow2(k) survivors + two candidate buffers), then the overflow of a
 // sampled row's staged_groups walk groups (the rest from hist +
-// kThresholdSelectWords on).
+// kThresholdSelectWords on); with walk_ring, of two groups (the ring's two
+// slots: RowWalkStage).
 // Blocks per SM the registers must allow: doubled loads hold 128 registers
 // a thread (one block); otherwise 64, so that 1024 threads fill the register
 // file (two wide blocks, eight narrow ones).
@@ -494,7 +499,7 @@ template <typename U, int kThreads, int kR, int kUnroll>
 __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThreads, kUnroll>))
     threshold_topk_row_per_block_kernel(const U* __restrict__ x, int64_t rows, int64_t n,
                                         int64_t k, int index_bits, ThresholdSample sample, int staged_groups,
-                                        KeyCodec<U> codec, RowLengths<U> lengths,
+                                        bool walk_ring, KeyCodec<U> codec, RowLengths<U> lengths,
                                         U* __restrict__ values, int32_t* __restrict__ indices) {
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
@@ -511,8 +516,17 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
   __shared__ ThresholdShared ts;
   __shared__ RadixBlockShared<P> rs;
   __shared__ BlockRankShared<kThreads> rank_shared;
+  __shared__ uint64_t ring_bars[2];  // RowWalkStage's bulk ring
+  uint32_t ring_parity = 0;
   const int tid = int(threadIdx.x);
   PhaseTimer timer;
+#if defined(JAX_TOPK_HAS_BULK_COPY)
+  if (walk_ring && tid == 0) {  // visible to the other threads by the select's barriers
+    mbarrier_init(&ring_bars[0], 1);
+    mbarrier_init(&ring_bars[1], 1);
+    mbarrier_init_fence();
+  }
+#endif
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const U* in = x + row * n;
@@ -529,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     if (sampled) {
       ThresholdSampleLoads<U, kThreads, kR> loads;
       loads.issue(in, len);  // ahead of the copies in the memory queues
-      staged.issue(in, len, tid, kThreads, room, staged_groups);
+      staged.issue(in, len, tid, kThreads, room, staged_groups, walk_ring, ring_bars, ring_parity);
       t = loads.select(uint32_t(sample.rank), uint32_t(sample.most), codec, a, hist, ts, timer,
                        kThresholdPhaseMaxima, kThresholdPhaseSelect);
     } else {
@@ -541,6 +555,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // cost ptxas 140 bytes of spills.)
     CompactAtLeastBitwise<U> compact{{codec, t, &ts.candidates, a, uint32_t(kG)}};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact, &staged);
+    if (sampled) ring_parity = staged.parity;  // the ring's phases, for the block's next row
     compact.publish_largest(&ts.candidates_hi);
     __syncthreads();
     timer.mark(kThresholdPhaseCompact);

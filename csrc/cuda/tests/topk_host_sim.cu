@@ -545,7 +545,7 @@ bool sim_rank_bucket_starts(const std::vector<uint64_t>& a, uint64_t lo, int shi
   return true;
 }
 
-bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* slots,
+bool sim_block_rank_desc(const std::vector<uint64_t>& a, int threads, std::vector<uint64_t>* slots,
                          std::optional<uint64_t> lo_bound = std::nullopt) {
   const int c = int(a.size());
   slots->assign(size_t(c), 0);
@@ -554,7 +554,7 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, std::vector<uint64_t>* 
     if (pos < 0 || pos >= c || filled[size_t(pos)]++) std::abort();  // ranks must be a permutation
     (*slots)[size_t(pos)] = e;
   };
-  if (c <= kRankByCountingMaxC) {
+  if (c <= rank_by_counting_max_c(threads)) {
     for (uint64_t e : a) put(e, int(std::count_if(a.begin(), a.end(), [&](uint64_t o) { return o > e; })));
     return true;
   }
@@ -589,7 +589,7 @@ bool sim_block_rank_parts(const std::vector<uint64_t>& a, int wanted, int parts,
                           std::mt19937_64& rng, std::vector<std::vector<uint64_t>>* out) {
   const int c = int(a.size());
   out->assign(size_t(wanted), {});
-  if (c <= kRankByCountingMaxC) {
+  if (c <= rank_by_counting_max_c(kClusterThreads)) {
     for (int part = 0; part < parts; ++part) {
       const int first = int(int64_t(c) * part / parts), last = int(int64_t(c) * (part + 1) / parts);
       for (int i = first; i < last; ++i) {
@@ -852,7 +852,8 @@ bool sim_threshold_rank(const std::vector<U>& row, int64_t len, int64_t k, uint6
       g_threshold_max_ratio_x100 = std::max<int64_t>(g_threshold_max_ratio_x100, c * 100 / k);
     }
     std::vector<P> slots;
-    if (!sim_block_rank_desc(cand, &slots, t != 0 ? std::optional<P>(t) : std::nullopt)) {  // too full: the sort
+    // False where a bucket is too full to rank: the kernel then sorts.
+    if (!sim_block_rank_desc(cand, kThreads, &slots, t != 0 ? std::optional<P>(t) : std::nullopt)) {
       ++g_threshold_sorted;
       if (std::getenv("SIM_VERBOSE")) std::printf("rank fallback n=%lld k=%lld c=%lld pattern=%d\n", (long long)n, (long long)k, (long long)c, pattern);
       const int count = int(next_pow2(std::max(c, k)));
