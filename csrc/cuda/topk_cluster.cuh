@@ -555,7 +555,7 @@ __device__ bool cluster_topk_by_sample(const cooperative_groups::cluster_group& 
   // The chunk's candidates into mine[] (its count and largest in ts: read
   // by the other blocks).
   uint64_t* mine = a + kG;
-  CompactAtLeastBitwise<U> compact{{codec, t, &ts.candidates, mine, uint32_t(kG)}};
+  CompactAtLeastBranchFree<U> compact{{codec, t, &ts.candidates, mine, uint32_t(kG)}};
   walk_chunk_steps<U>(chunk, count, begin, compact);
   compact.publish_largest(&ts.candidates_hi);
 #if defined(JAX_TOPK_PHASE_TIMING)

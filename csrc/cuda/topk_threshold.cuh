@@ -263,17 +263,19 @@ JAX_TOPK_UNROLL
   }
 };
 
-// CompactAtLeast with its test in bitwise logic: no branch per element. The
-// short-circuit form cost ~23 instructions an element: in the cluster
-// kernel's chunk walk 6 us a block of 32768 at one block of 16 warps per SM
-// (3.8 with this form); in the row-per-block kernel (H100, graph us, short-
-// circuit -> bitwise) 2048x65536 k2048 275.5 -> 269.7, 1024x8192 k256 25.5 ->
-// 25.1. The streamed kernel keeps the short-circuit form: with this one it
-// spilled in its walk (128x131072 k50 34.6 -> 39.2 us).
+// CompactAtLeast with no branch per element: the packed value against T as
+// one 64-bit compare (two chained ISETPs). The short-circuit form cost ~23
+// instructions an element: in the cluster kernel's chunk walk 6 us a block of
+// 32768 at one block of 16 warps per SM (3.8 branch-free); in the
+// row-per-block kernel (H100, graph us, short-circuit -> the halves' bitwise
+// form) 2048x65536 k2048 275.5 -> 269.7, 1024x8192 k256 25.5 -> 25.1; the
+// one compare replaced the halves' three compares (measured together with
+// the emit addresses and the walk's ring: benchmarks/results/NOTES.md v22, v23). The streamed kernel keeps the
+// short-circuit form: with the halves' bitwise form it spilled in its walk
+// (128x131072 k50 34.6 -> 39.2 us); the one compare there is unmeasured.
 template <typename U>
-struct CompactAtLeastBitwise : CompactAtLeast<U> {
+struct CompactAtLeastBranchFree : CompactAtLeast<U> {
   __device__ JAX_TOPK_FORCE_INLINE void scan(U bits, int i, bool valid, int pos) {
-    // One 64-bit compare: two chained ISETPs (the halves' form took three).
     const bool take = this->packed(bits, i) >= this->t;
     this->mask |= uint32_t(valid & take) << pos;
   }
@@ -553,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
     // sample, if not, the row goes to the radix select below, as it does
     // with more than G. (A retry with group maxima, a loop around this walk,
     // cost ptxas 140 bytes of spills.)
-    CompactAtLeastBitwise<U> compact{{codec, t, &ts.candidates, a, uint32_t(kG)}};
+    CompactAtLeastBranchFree<U> compact{{codec, t, &ts.candidates, a, uint32_t(kG)}};
     walk_row_steps<U, kUnroll>(in, len, tid, kThreads, compact, &staged);
     if (sampled) ring_parity = staged.parity;  // the ring's phases, for the block's next row
     compact.publish_largest(&ts.candidates_hi);
