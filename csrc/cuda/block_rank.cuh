@@ -21,6 +21,8 @@
 // shared-memory atomics.
 #pragma once
 
+#include <climits>
+
 #include "cuda/primitives.cuh"
 
 namespace jax_topk::cuda {
@@ -38,15 +40,27 @@ JAX_TOPK_HOST_DEVICE constexpr int rank_by_counting_max_c(int threads) {
   return c;
 }
 static_assert(rank_by_counting_max_c(128) == 128 && rank_by_counting_max_c(512) == 256, "the crossings measured");
-inline constexpr int kRankBucketBits = 11;
+inline constexpr int kRankBucketBits = 11;  // the most: the shared-memory words every kernel sets aside
 inline constexpr int kRankBuckets = 1 << kRankBucketBits;
 inline constexpr uint32_t kRankMaxBucket = 64;
 
+// Bucket bits of a block of `threads`: four buckets a thread, at most
+// kRankBucketBits. Each thread zeroes its buckets and scans their starts, so
+// on 128 threads 2048 buckets cost 48 shared-memory accesses a thread for
+// ~600 candidates (1024 x 8192 k = 256); 512 threads keep 2048.
+JAX_TOPK_HOST_DEVICE constexpr int rank_bucket_bits(int threads) {
+  int bits = 0;
+  while (bits < kRankBucketBits && (2 << bits) <= 4 * threads) ++bits;
+  return bits;
+}
+static_assert(rank_bucket_bits(128) == 9 && rank_bucket_bits(512) == kRankBucketBits, "four buckets a thread");
+
 // Bucket of value e, from the minimum lo and the range hi - lo: the range's
-// top kRankBucketBits bits (host-callable: the host simulation mirrors it).
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int rank_bucket_shift(uint64_t lo, uint64_t hi) {
+// top `bits` bits (host-callable: the host simulation mirrors it).
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int rank_bucket_shift(uint64_t lo, uint64_t hi,
+                                                                 int bits = kRankBucketBits) {
   const int width = bit_width_u64(hi - lo);
-  return width > kRankBucketBits ? width - kRankBucketBits : 0;
+  return width > bits ? width - bits : 0;
 }
 JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE uint32_t rank_bucket(uint64_t e, uint64_t lo, int shift) {
   return uint32_t((e - lo) >> shift);
@@ -93,6 +107,7 @@ JAX_TOPK_UNROLL
 struct RankBuckets {
   uint64_t lo;
   int shift;
+  uint32_t count;  // buckets: 1 << rank_bucket_bits(threads)
   __device__ JAX_TOPK_FORCE_INLINE uint32_t of(uint64_t e) const { return rank_bucket(e, lo, shift); }
 };
 
@@ -110,29 +125,31 @@ template <int kThreads>
 __device__ RankBuckets block_rank_buckets(const uint64_t* a, int c, BlockRankShared<kThreads>& rs,
                                           RankRange range) {
   if (range.hi == 0) block_min_max<kThreads>(a, c, &rs.lo, &rs.hi, &range.lo, &range.hi);
-  return RankBuckets{range.lo, rank_bucket_shift(range.lo, range.hi)};
+  constexpr int kBits = rank_bucket_bits(kThreads);
+  return RankBuckets{range.lo, rank_bucket_shift(range.lo, range.hi, kBits), 1u << kBits};
 }
 
 // The values of a[0:c) (c above rank_by_counting_max_c, distinct, written and
 // followed by a barrier) scattered into spill[] by bucket rb.of(), buckets
 // laid out from the top: bucket b spans [bins[b + 1], bins[b]) of spill
-// afterwards (from 0 for the top bucket). bins: kRankBuckets u32. False,
+// afterwards (from 0 for the top bucket). bins: rb.count u32. False,
 // having scattered nothing, when a bucket is too full (the caller then
 // sorts); every thread gets the same answer. Ends with a barrier.
 template <int kThreads>
 __device__ bool block_scatter_rank_buckets(const uint64_t* a, int c, RankBuckets rb, uint64_t* spill,
                                            uint32_t* bins, BlockRankShared<kThreads>& rs) {
+  constexpr int kBuckets = 1 << rank_bucket_bits(kThreads);  // rb.count
   const int tid = int(threadIdx.x);
-  for (int b = tid; b < kRankBuckets; b += kThreads) bins[b] = 0;
+  for (int b = tid; b < kBuckets; b += kThreads) bins[b] = 0;
   if (tid == 0) rs.max_bucket = 0;
   __syncthreads();
   for (int i = tid; i < c; i += kThreads) atomicAdd(&bins[rb.of(a[i])], 1u);
   __syncthreads();
   // Bucket starts from the top: thread t owns kPer buckets from bucket
-  // kRankBuckets - 1 - t * kPer downwards.
-  constexpr int kPer = kRankBuckets / kThreads;
-  static_assert(kRankBuckets % kThreads == 0, "whole buckets per thread");
-  const int top = kRankBuckets - 1 - tid * kPer;
+  // kBuckets - 1 - t * kPer downwards.
+  constexpr int kPer = kBuckets / kThreads;
+  static_assert(kBuckets % kThreads == 0, "whole buckets per thread");
+  const int top = kBuckets - 1 - tid * kPer;
   uint32_t counts[kPer];
   uint32_t mine = 0, biggest = 0;
 JAX_TOPK_UNROLL
@@ -168,7 +185,7 @@ struct BucketSpan {
 };
 __device__ JAX_TOPK_FORCE_INLINE BucketSpan bucket_span(uint64_t e, const uint32_t* bins, RankBuckets rb) {
   const uint32_t b = rb.of(e);
-  return BucketSpan{b + 1 < uint32_t(kRankBuckets) ? int(bins[b + 1]) : 0, int(bins[b])};
+  return BucketSpan{b + 1 < rb.count ? int(bins[b + 1]) : 0, int(bins[b])};
 }
 
 // Rank from the top of e among all the values block_scatter_rank_buckets put:
@@ -178,10 +195,6 @@ __device__ JAX_TOPK_FORCE_INLINE int rank_in_span(uint64_t e, const uint64_t* sp
   int rank = span.begin;
   for (int j = span.begin; j < span.end; ++j) rank += spill[j] > e ? 1 : 0;
   return rank;
-}
-__device__ JAX_TOPK_FORCE_INLINE int rank_in_buckets(uint64_t e, const uint64_t* spill, const uint32_t* bins,
-                                                     RankBuckets rb) {
-  return rank_in_span(e, spill, bucket_span(e, bins, rb));
 }
 
 // Rank from the top of `mine` among a[0:c) by counting (c <= rank_by_counting_max_c).
@@ -241,11 +254,14 @@ __device__ bool block_rank_desc(const uint64_t* a, int c, int wanted, int part, 
 // full (the caller then sorts). Callers write their outputs from it in
 // order: coalesced stores instead of one scattered store per value (a warp's
 // 32 ranks are 32 different lines). Arguments as block_rank_desc; ends with
-// a barrier. range: as block_rank_buckets.
+// a barrier. range: as block_rank_buckets. Bucketed, only the slots below
+// `wanted` are filled: the values of the buckets whose span begins below it,
+// which lie in spill[0, wanted + kRankMaxBucket) (1024 x 8192: ~600
+// candidates for k = 256, ~500 for k = 64, each ranked within its bucket).
 template <int kThreads>
 __device__ const uint64_t* block_order_by_rank_desc(uint64_t* a, int c, uint64_t* spill, uint32_t* bins,
                                                     BlockRankShared<kThreads>& rs,
-                                                    RankRange range = RankRange{}) {
+                                                    RankRange range = RankRange{}, int wanted = INT_MAX) {
   const int tid = int(threadIdx.x);
   if (c <= rank_by_counting_max_c(kThreads)) {
     for (int i = tid; i < c; i += kThreads) spill[rank_by_counting(a, c, a[i])] = a[i];
@@ -254,9 +270,11 @@ __device__ const uint64_t* block_order_by_rank_desc(uint64_t* a, int c, uint64_t
   }
   const RankBuckets rb = block_rank_buckets<kThreads>(a, c, rs, range);
   if (!block_scatter_rank_buckets<kThreads>(a, c, rb, spill, bins, rs)) return nullptr;
-  for (int i = tid; i < c; i += kThreads) {
+  const int end = wanted < c - int(kRankMaxBucket) ? wanted + int(kRankMaxBucket) : c;
+  for (int i = tid; i < end; i += kThreads) {
     const uint64_t e = spill[i];
-    a[rank_in_buckets(e, spill, bins, rb)] = e;
+    const BucketSpan span = bucket_span(e, bins, rb);
+    if (span.begin < wanted) a[rank_in_span(e, spill, span)] = e;  // else every rank of its bucket is past wanted
   }
   __syncthreads();
   return a;

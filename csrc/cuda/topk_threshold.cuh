@@ -454,7 +454,7 @@ __device__ bool try_write_candidates_by_rank(uint64_t* a, int c, int64_t k, uint
                                              U pad_bits, U* values_row, int32_t* indices_row,
                                              PhaseTimer* timer = nullptr, RankRange range = RankRange{}) {
   using P = uint64_t;
-  const P* ordered = block_order_by_rank_desc<kThreads>(a, c, spans, hist, rank_shared, range);
+  const P* ordered = block_order_by_rank_desc<kThreads>(a, c, spans, hist, rank_shared, range, int(k));
   if (ordered == nullptr) return false;  // uniform
   if (timer != nullptr) timer->mark(kThresholdPhaseRank);
   for (int j = int(threadIdx.x); j < k; j += kThreads) {

@@ -520,32 +520,35 @@ void sim_block_bitonic_sort_desc(std::vector<P>& s, int count, int threads) {
   }
 }
 
-// Mirrors block_order_by_rank_desc: slots[pos] = the value of rank pos,
-// computed the kernel's way (counting for c <= 256; else buckets from the
-// top, each value counting the members of its bucket above it). The
-// buckets span [lo, the largest] (the threshold kernel passes T as lo; none:
-// the smallest value). False when a bucket is too full (the kernel then sorts).
 // The bucket counts of a[] over [lo, 2^shift buckets) laid out from the top
 // (block_scatter_rank_buckets): start[b] = the values in buckets above b.
 // False when a bucket holds more than kRankMaxBucket.
-bool sim_rank_bucket_starts(const std::vector<uint64_t>& a, uint64_t lo, int shift, std::vector<uint32_t>* start) {
-  std::vector<uint32_t> count(size_t(kRankBuckets), 0);
+bool sim_rank_bucket_starts(const std::vector<uint64_t>& a, uint64_t lo, int shift, int buckets,
+                            std::vector<uint32_t>* start) {
+  std::vector<uint32_t> count(size_t(buckets), 0);
   for (uint64_t e : a) {
     const uint32_t b = rank_bucket(e, lo, shift);
-    if (b >= uint32_t(kRankBuckets)) std::abort();
+    if (b >= uint32_t(buckets)) std::abort();
     ++count[b];
   }
   if (*std::max_element(count.begin(), count.end()) > kRankMaxBucket) return false;
-  start->assign(size_t(kRankBuckets), 0);
+  start->assign(size_t(buckets), 0);
   uint32_t acc = 0;
-  for (int b = kRankBuckets - 1; b >= 0; --b) {
+  for (int b = buckets - 1; b >= 0; --b) {
     (*start)[size_t(b)] = acc;
     acc += count[size_t(b)];
   }
   return true;
 }
 
-bool sim_block_rank_desc(const std::vector<uint64_t>& a, int threads, std::vector<uint64_t>* slots,
+// Mirrors block_order_by_rank_desc on a block of `threads`: slots[pos] = the
+// value of rank pos for every pos below min(c, wanted) (bucketed, the kernel
+// fills no others), computed the kernel's way (counting for c <=
+// rank_by_counting_max_c; else rank_bucket_bits(threads) buckets from the
+// top, each value counting the members of its bucket above it). The buckets
+// span [lo, the largest] (the threshold kernel passes T as lo; none: the
+// smallest value). False when a bucket is too full (the kernel then sorts).
+bool sim_block_rank_desc(const std::vector<uint64_t>& a, int threads, int wanted, std::vector<uint64_t>* slots,
                          std::optional<uint64_t> lo_bound = std::nullopt) {
   const int c = int(a.size());
   slots->assign(size_t(c), 0);
@@ -561,19 +564,27 @@ bool sim_block_rank_desc(const std::vector<uint64_t>& a, int threads, std::vecto
   const uint64_t smallest = *std::min_element(a.begin(), a.end());
   const uint64_t lo = lo_bound.value_or(smallest), hi = *std::max_element(a.begin(), a.end());
   if (lo > smallest) std::abort();  // T bounds every candidate
-  const int shift = rank_bucket_shift(lo, hi);
+  const int bits = rank_bucket_bits(threads), buckets = 1 << bits;
+  const int shift = rank_bucket_shift(lo, hi, bits);
   std::vector<uint32_t> start;
-  if (!sim_rank_bucket_starts(a, lo, shift, &start)) return false;
-  // The scatter, then each value ranks within its span [end[b + 1], end[b]).
+  if (!sim_rank_bucket_starts(a, lo, shift, buckets, &start)) return false;
+  // The scatter, then each value of spill[0, wanted + kRankMaxBucket) whose
+  // bucket's span [end[b + 1], end[b]) begins below wanted ranks within it.
   std::vector<uint32_t> end = start;
   std::vector<uint64_t> spill(size_t(c), 0);
   for (uint64_t e : a) spill[end[rank_bucket(e, lo, shift)]++] = e;
-  for (uint64_t e : a) {
+  const int stop = wanted < c - int(kRankMaxBucket) ? wanted + int(kRankMaxBucket) : c;
+  for (int p = 0; p < stop; ++p) {
+    const uint64_t e = spill[size_t(p)];
     const uint32_t b = rank_bucket(e, lo, shift);
-    const int begin = b + 1 < uint32_t(kRankBuckets) ? int(end[b + 1]) : 0;
+    const int begin = b + 1 < uint32_t(buckets) ? int(end[b + 1]) : 0;
+    if (begin >= wanted) continue;
     int rank = begin;
     for (int j = begin; j < int(end[b]); ++j) rank += spill[size_t(j)] > e ? 1 : 0;
     put(e, rank);
+  }
+  for (int pos = 0; pos < std::min(c, wanted); ++pos) {
+    if (!filled[size_t(pos)]) std::abort();  // every slot below wanted filled
   }
   return true;
 }
@@ -600,9 +611,10 @@ bool sim_block_rank_parts(const std::vector<uint64_t>& a, int wanted, int parts,
     }
     return true;
   }
-  const int shift = rank_bucket_shift(lo, hi);
+  const int bits = rank_bucket_bits(kClusterThreads), buckets = 1 << bits;
+  const int shift = rank_bucket_shift(lo, hi, bits);
   std::vector<uint32_t> start;
-  if (!sim_rank_bucket_starts(a, lo, shift, &start)) return false;
+  if (!sim_rank_bucket_starts(a, lo, shift, buckets, &start)) return false;
   const int covered = std::min(c, wanted);
   for (int part = 0; part < parts; ++part) {
     std::vector<uint64_t> order = a;  // this part's scatter order
@@ -615,7 +627,7 @@ bool sim_block_rank_parts(const std::vector<uint64_t>& a, int wanted, int parts,
     for (int p = first; p < stop; ++p) {
       const uint64_t e = spill[size_t(p)];
       const uint32_t b = rank_bucket(e, lo, shift);
-      const int begin = b + 1 < uint32_t(kRankBuckets) ? int(end[b + 1]) : 0;
+      const int begin = b + 1 < uint32_t(buckets) ? int(end[b + 1]) : 0;
       if (begin < first || begin >= last) continue;
       int pos = begin;
       for (int j = begin; j < int(end[b]); ++j) pos += spill[size_t(j)] > e ? 1 : 0;
@@ -853,7 +865,7 @@ bool sim_threshold_rank(const std::vector<U>& row, int64_t len, int64_t k, uint6
     }
     std::vector<P> slots;
     // False where a bucket is too full to rank: the kernel then sorts.
-    if (!sim_block_rank_desc(cand, kThreads, &slots, t != 0 ? std::optional<P>(t) : std::nullopt)) {
+    if (!sim_block_rank_desc(cand, kThreads, int(k), &slots, t != 0 ? std::optional<P>(t) : std::nullopt)) {
       ++g_threshold_sorted;
       if (std::getenv("SIM_VERBOSE")) std::printf("rank fallback n=%lld k=%lld c=%lld pattern=%d\n", (long long)n, (long long)k, (long long)c, pattern);
       const int count = int(next_pow2(std::max(c, k)));
