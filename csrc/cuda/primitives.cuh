@@ -565,7 +565,15 @@ JAX_TOPK_UNROLL
     // This thread's first element of the step; pos is unsigned, so / and %
     // by kVec are shifts, and an emit's address is one 32-bit offset from it.
     const int i0 = head + (v0 + tid) * kVec;
-    const U* step_row = row + i0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    // sm_80: the step's own base pointer, live across the loop, spilled the
+    // streamed kernel (ptxas: 8 bytes stored, 36 loaded); the row's does not.
+    const U* step_row = row;
+    const uint32_t step_first = uint32_t(i0);
+#else
+    const U* step_row = row + i0;  // the form measured on sm_90 (NOTES.md v23)
+    constexpr uint32_t step_first = 0;
+#endif
     for (uint32_t m = step.emit_mask(); m != 0; m &= m - 1) {
       const uint32_t pos = uint32_t(__ffs(int(m))) - 1u;
       const uint32_t u = pos / kVec, e = pos % kVec;
@@ -576,7 +584,7 @@ JAX_TOPK_UNROLL
           continue;
         }
       }
-      step.emit(step_row[offset], i0 + int(offset));
+      step.emit(step_row[step_first + offset], i0 + int(offset));
     }
     step.after_step();
   };
