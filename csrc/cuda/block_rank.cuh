@@ -10,7 +10,7 @@
 // - c <= rank_by_counting_max_c(threads): thread i counts the values above
 //   a[i] (c loads of a broadcast shared-memory word each).
 // - larger c: values are bucketed by their offset from the minimum or a
-//   known lower bound (the top kRankBucketBits bits of the range, up to the
+//   known lower bound (the top rank_bucket_bits(threads) bits of the range, up to the
 //   maximum or a known upper bound), the buckets laid out from the top by
 //   a block scan, the values scattered into their bucket's span, and each
 //   value counts only the members of its own bucket above it. Buckets hold
@@ -57,8 +57,7 @@ static_assert(rank_bucket_bits(128) == 9 && rank_bucket_bits(512) == kRankBucket
 
 // Bucket of value e, from the minimum lo and the range hi - lo: the range's
 // top `bits` bits (host-callable: the host simulation mirrors it).
-JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int rank_bucket_shift(uint64_t lo, uint64_t hi,
-                                                                 int bits = kRankBucketBits) {
+JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int rank_bucket_shift(uint64_t lo, uint64_t hi, int bits) {
   const int width = bit_width_u64(hi - lo);
   return width > bits ? width - bits : 0;
 }

@@ -429,6 +429,8 @@ struct RowWalkStageRoom {
 // thread still reads it. Bulk copies rather than each thread's cp.async: the
 // walk's shared-memory stores (the candidates) would queue behind a thread's
 // copies in flight (benchmarks/results/NOTES.md v20, v23).
+inline constexpr int kWalkRingSlots = 2;  // the ring's slots (walk_row_steps takes group j's as j & 1)
+
 template <typename U, int kUnroll, int kMaxGroups>
 struct RowWalkStage {
   static constexpr int kMostGroups = kMaxGroups;
@@ -594,6 +596,7 @@ JAX_TOPK_UNROLL
     bool streamed = false;  // uniform
 #if defined(JAX_TOPK_HAS_BULK_COPY)
     if (staged->ring) {  // group 0 staged in slot 0 (cp.async); group j in slot j % 2
+      static_assert(kWalkRingSlots == 2, "slots by j & 1");
       const int whole = nvec / stride;
       // The room's earlier generic accesses (a previous row's rank) before the copies.
       fence_proxy_async_shared();

@@ -341,7 +341,7 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   const int64_t group_elems = int64_t(kThreads) * kUnroll * int64_t(16 / sizeof(U));
   if (staged_groups == 1 && dev.bulk_copies && n >= 2 * group_elems) {
     const size_t ring_smem =
-        threshold_smem_bytes(kR, kThreads, threshold_stage_overflow_bytes(kR, kThreads, kUnroll, 2));
+        threshold_smem_bytes(kR, kThreads, threshold_stage_overflow_bytes(kR, kThreads, kUnroll, kWalkRingSlots));
     int ring_per_sm = 0;
     if ((err = prepare_kernel(dev.device, kernel, kThreads, ring_smem, &ring_per_sm)) != gpuSuccess) return err;
     if (ring_per_sm >= per_sm) {

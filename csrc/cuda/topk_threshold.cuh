@@ -518,14 +518,13 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
   __shared__ ThresholdShared ts;
   __shared__ RadixBlockShared<P> rs;
   __shared__ BlockRankShared<kThreads> rank_shared;
-  __shared__ uint64_t ring_bars[2];  // RowWalkStage's bulk ring
+  __shared__ uint64_t ring_bars[kWalkRingSlots];  // RowWalkStage's bulk ring
   uint32_t ring_parity = 0;
   const int tid = int(threadIdx.x);
   PhaseTimer timer;
 #if defined(JAX_TOPK_HAS_BULK_COPY)
   if (walk_ring && tid == 0) {  // visible to the other threads by the select's barriers
-    mbarrier_init(&ring_bars[0], 1);
-    mbarrier_init(&ring_bars[1], 1);
+    for (int s = 0; s < kWalkRingSlots; ++s) mbarrier_init(&ring_bars[s], 1);
     mbarrier_init_fence();
   }
 #endif
