@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 
 #include "jax_topk/gpu_compat.h"
@@ -18,6 +19,7 @@ struct DeviceInfo {
   int max_shared_optin = 0;  // dynamic shared memory a block may opt into
   bool clusters = false;  // thread-block clusters (compute capability 9.0 and newer)
   bool bulk_copies = false;  // cp.async.bulk and mbarrier transaction counts (the same chips)
+  bool dependent_launches = false;  // programmatic dependent launch (dependent_launch.cuh; the same chips)
 };
 
 inline gpuError_t read_device(int device, DeviceInfo* info) {
@@ -37,6 +39,8 @@ inline gpuError_t read_device(int device, DeviceInfo* info) {
   info->clusters = false;  // (AMD reports gfx9 chips as major 9)
 #endif
   info->bulk_copies = info->clusters;
+  // JAX_TOPK_NO_DEPENDENT_LAUNCH (any value): ordinary launches, for A/B measurements only.
+  info->dependent_launches = info->clusters && std::getenv("JAX_TOPK_NO_DEPENDENT_LAUNCH") == nullptr;
   return gpuSuccess;
 }
 

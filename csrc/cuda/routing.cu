@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/device_info.h"
 #include "cuda/route_bounds.cuh"
 #include "cuda/routing_cuda.h"
@@ -710,6 +711,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   const int lane = threadIdx.x % kLanes;
   const int warp = threadIdx.x / kLanes;
   const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, false), cfg, false);
+  let_next_grid_start();  // route_missed_tokens_kernel (launch_dependent) waits for this grid's marks
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock;
   for (int64_t token = int64_t(blockIdx.x) * kWarpsPerBlock + warp; token < cfg.tokens; token += stride) {
     if (!route_token_by_bounds<D, kSlots, kGroupsAreSlots>(in, weights, ids, cfg, token, sh, lane) &&
@@ -728,6 +730,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kLanes)
   const int warp = threadIdx.x / kLanes;
   const WarpShared sh = carve_warp_shared(dynamic_shared + warp * warp_shared_bytes(cfg, false), cfg, false);
   const int64_t stride = int64_t(gridDim.x) * kWarpsPerBlock * kLanes;
+  wait_for_previous_grid();  // route_by_bounds_kernel's marks
   // A warp looks at 32 tokens' marks at a time, then routes the marked ones.
   for (int64_t base = (int64_t(blockIdx.x) * kWarpsPerBlock + warp) * kLanes; base < cfg.tokens; base += stride) {
     const int64_t mine = base + lane;
@@ -852,9 +855,8 @@ gpuError_t launch_kernel(const RouteInputs& in, float* weights, int32_t* ids, co
       err = gpuGetLastError();
       if (err != gpuSuccess) return err;
       const unsigned check_blocks = grid_blocks(cfg.tokens, kWarpsPerBlock * kLanes, dev);
-      route_missed_tokens_kernel<D, kSlots, kGroupsAreSlots><<<check_blocks, kWarpsPerBlock * kLanes, smem, stream>>>(
-          in, weights, ids, cfg);
-      return gpuGetLastError();
+      return launch_dependent(dev, route_missed_tokens_kernel<D, kSlots, kGroupsAreSlots>, dim3(check_blocks),
+                              dim3(kWarpsPerBlock * kLanes), smem, stream, in, weights, ids, cfg);
     }
   }
   route_tokens_kernel<D, kSlots, kWidth, kGroupsAreSlots>

@@ -36,6 +36,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/scratch.h"
 #include "cuda/sort_cuda.h"
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(kSortTileThreads, kSortTileMinBlocks)
   __shared__ uint32_t tile_number;
 
   const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
+  wait_for_previous_grid();  // the counts, the look-back status and the keys of the pass before
   if (tid == 0) tile_number = atomicAdd(a.tile_counter, 1u);
 JAX_TOPK_UNROLL
   for (int w = 0; w < kWarps; ++w) warp_digit_counts[w][tid] = 0;
@@ -474,6 +476,8 @@ gpuError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows, 
   constexpr int kPasses = int(sizeof(U));
   const TilePlan plan = plan_row_tiles<U>(rows, n);
   if (plan.total_bytes > scratch_bytes || scratch == nullptr) return gpuErrorInvalidValue;
+  DeviceInfo dev;
+  if (gpuError_t err = query_device(&dev); err != gpuSuccess) return err;
   const int tiles_per_row = int(sort_tiles_per_row(n));
   for (int64_t row0 = 0; row0 < rows; row0 += plan.chunk_rows) {
     const int64_t chunk_rows = rows - row0 < plan.chunk_rows ? rows - row0 : plan.chunk_rows;
@@ -511,16 +515,10 @@ gpuError_t run_row_tiles(const U* x, U* values, int32_t* indices, int64_t rows, 
       a.map = map;
       a.lengths = lengths;
       const bool first = pass == 0, last = pass + 1 == kPasses;
-      if (first && last) {
-        sort_tile_pass_kernel<U, true, true><<<tiles, kSortTileThreads, 0, stream>>>(a);
-      } else if (first) {
-        sort_tile_pass_kernel<U, true, false><<<tiles, kSortTileThreads, 0, stream>>>(a);
-      } else if (last) {
-        sort_tile_pass_kernel<U, false, true><<<tiles, kSortTileThreads, 0, stream>>>(a);
-      } else {
-        sort_tile_pass_kernel<U, false, false><<<tiles, kSortTileThreads, 0, stream>>>(a);
-      }
-      if ((err = gpuGetLastError()) != gpuSuccess) return err;
+      auto* kernel = first ? (last ? sort_tile_pass_kernel<U, true, true> : sort_tile_pass_kernel<U, true, false>)
+                           : (last ? sort_tile_pass_kernel<U, false, true> : sort_tile_pass_kernel<U, false, false>);
+      err = launch_dependent(dev, kernel, dim3(tiles), dim3(kSortTileThreads), 0, stream, a);
+      if (err != gpuSuccess) return err;
     }
   }
   return gpuSuccess;

@@ -501,19 +501,19 @@ gpuError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const
   const int passes = radix_field_count(int(sizeof(U) * 8), index_bits);
   const dim3 grid(unsigned(plan.blocks_per_row), unsigned(rows));
   // Passes after a row is done return at once; the host cannot know when
-  // that happens without a sync.
+  // that happens without a sync. Each pass is a dependent launch
+  // (dependent_launch.cuh): its setup overlaps the tail of the one before.
   for (int pass = 0; pass <= passes; ++pass) {
     const bool gather = pass == passes;
-    radix_split_scan_kernel<U><<<grid, kRadixThreads, 0, stream>>>(x, n, k, index_bits, codec, s, gather);
-    if ((err = gpuGetLastError()) != gpuSuccess) return err;
+    err = launch_dependent(dev, radix_split_scan_kernel<U>, grid, dim3(kRadixThreads), 0, stream, x, n, k, index_bits,
+                           codec, s, gather);
+    if (err != gpuSuccess) return err;
   }
   if (!plan.sort_in_block) return gpuSuccess;  // the caller sorts device-wide
   const size_t smem = size_t(next_pow2(k)) * sizeof(P);
   if ((err = allow_dynamic_smem(dev, sort_survivors_kernel<U>, smem)) != gpuSuccess) return err;
-  sort_survivors_kernel<U><<<unsigned(rows), kRadixThreads, smem, stream>>>(s.survivors, k, codec,
-                                                                            lengths.pad_bits, values,
-                                                                            indices);
-  return gpuGetLastError();
+  return launch_dependent(dev, sort_survivors_kernel<U>, dim3(unsigned(rows)), dim3(kRadixThreads), smem, stream,
+                          s.survivors, k, codec, lengths.pad_bits, values, indices);
 }
 
 template <typename U>

@@ -35,6 +35,7 @@
 // is written out as padding.
 #pragma once
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/topk_bitonic.cuh"
 
@@ -412,6 +413,7 @@ __global__ void __launch_bounds__(256)
     radix_split_init_kernel(RadixSplitScratch<typename RadixPacked<U>::type> s, int64_t n,
                             int64_t k, RowLengths<U> lengths) {
   using P = typename RadixPacked<U>::type;
+  let_next_grid_start();  // the first pass (launch_dependent) waits for this grid's writes
   const int64_t row = blockIdx.x;
   const int64_t len = lengths.of_loaded(row, n);
   const int64_t take = len < k ? len : k;
@@ -443,6 +445,8 @@ __global__ void __launch_bounds__(kRadixThreads)
   const int64_t row = blockIdx.y;
   const int64_t part = blockIdx.x;
   const int64_t parts = gridDim.x;
+  wait_for_previous_grid();  // the state and counts of the pass before
+  let_next_grid_start();
   if (threadIdx.x == 0) state = s.state[row];
   __syncthreads();
   const RadixState<P> st = state;
@@ -511,6 +515,7 @@ __global__ void __launch_bounds__(kRadixThreads)
   extern __shared__ uint4 sort_smem[];
   P* s = reinterpret_cast<P*>(sort_smem);
   const int64_t row = blockIdx.x;
+  wait_for_previous_grid();  // the gather's survivors
   for (int i = int(threadIdx.x); i < k; i += int(blockDim.x)) s[i] = survivors[row * k + i];
   sort_and_write_survivors(s, int(k), codec, pad_bits, values + row * k, indices + row * k);
 }

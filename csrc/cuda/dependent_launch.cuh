@@ -1,0 +1,70 @@
+// Programmatic dependent launch (PDL, sm_90 and newer, CUDA only) for the
+// chains of kernels that one op enqueues on one stream (the split-row radix
+// passes, the row-tile sort passes, the two routing kernels).
+//
+// Between two ordinary launches the GPU drains the first grid, then sets up
+// the second, once per link of the chain (benchmarks/results/NOTES.md v26:
+// three launches chained this way took 23.5 us in a CUDA graph on an H100
+// against 24.7 without). A kernel started by
+// launch_dependent may be scheduled while the kernel before it still runs:
+//   - it calls wait_for_previous_grid() before its first access to global
+//     memory that the previous kernel writes or reads (in practice first
+//     thing): that returns once the previous grid has completed and its
+//     writes are visible;
+//   - the previous kernel may call let_next_grid_start() at its entry: the
+//     next grid is then set up once every block of this one has started, and
+//     its blocks wait without taking any slot this grid still needs. Without
+//     it the next grid starts as this one ends, its launch still overlapped.
+//     Measured on an H100 (benchmarks/results/NOTES.md v27): the split-row
+//     radix passes gain from it (1x1048576 k16 36.0 -> 31.3 us); the row-tile
+//     sort passes do not (1x1048576: 95 -> 101 us with it, 90 without: the
+//     waiting blocks slow the pass they wait on), so they leave it out.
+// Elsewhere (HIP, chips before sm_90, ordinary launches) both calls do
+// nothing and launch_dependent is an ordinary launch, so kernels that use
+// them stay correct however they are launched.
+#pragma once
+
+#include "cuda/device_info.h"
+
+namespace jax_topk::cuda {
+
+__device__ JAX_TOPK_FORCE_INLINE void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ JAX_TOPK_FORCE_INLINE void let_next_grid_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+#if defined(JAX_TOPK_GPU_COMPILER)
+// kernel<<<grid, block, smem, stream>>>(args...), which may overlap the
+// kernel before it on the stream where the device allows it. Returns the
+// launch error.
+template <typename... Params, typename... Args>
+gpuError_t launch_dependent(const DeviceInfo& dev, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            gpuStream_t stream, Args... args) {
+#if !defined(JAX_TOPK_HIP)
+  if (dev.dependent_launches) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, Params(args)...);
+  }
+#endif
+  kernel<<<grid, block, smem, stream>>>(Params(args)...);
+  return gpuGetLastError();
+}
+#endif
+
+}  // namespace jax_topk::cuda
