@@ -1,6 +1,7 @@
-// Programmatic dependent launch (PDL, sm_90 and newer, CUDA only) for the
-// chains of kernels that one op enqueues on one stream (the split-row radix
-// passes, the row-tile sort passes, the two routing kernels).
+// Programmatic dependent launch (PDL, sm_90 and newer, CUDA only): every
+// top_k kernel, and each later link of the chains of kernels that one op
+// enqueues on one stream (the split-row radix passes, the row-tile sort
+// passes, the two routing kernels).
 //
 // Between two ordinary launches the GPU drains the first grid, then sets up
 // the second, once per link of the chain (benchmarks/results/NOTES.md v26:
@@ -41,6 +42,21 @@ __device__ JAX_TOPK_FORCE_INLINE void let_next_grid_start() {
 }
 
 #if defined(JAX_TOPK_GPU_COMPILER)
+#if !defined(JAX_TOPK_HIP)
+// Makes the launch of `config` dependent where the device allows it: appends
+// the attribute to config->attrs, which must point into `attributes` with
+// room for one more.
+inline void allow_dependent_launch(const DeviceInfo& dev, cudaLaunchConfig_t* config,
+                                   cudaLaunchAttribute* attributes) {
+  if (!dev.dependent_launches) return;
+  cudaLaunchAttribute& a = attributes[config->numAttrs];
+  a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  a.val.programmaticStreamSerializationAllowed = 1;
+  config->attrs = attributes;
+  ++config->numAttrs;
+}
+#endif
+
 // kernel<<<grid, block, smem, stream>>>(args...), which may overlap the
 // kernel before it on the stream where the device allows it. Returns the
 // launch error.
@@ -55,10 +71,7 @@ gpuError_t launch_dependent(const DeviceInfo& dev, void (*kernel)(Params...), di
     config.dynamicSmemBytes = smem;
     config.stream = stream;
     cudaLaunchAttribute attribute;
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    allow_dependent_launch(dev, &config, &attribute);
     return cudaLaunchKernelEx(&config, kernel, Params(args)...);
   }
 #endif

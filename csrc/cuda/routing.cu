@@ -883,8 +883,10 @@ gpuError_t launch_by_logits(const void* logits, float* weights, int32_t* ids, co
   const Out out{logits, weights, ids, cfg.experts, cfg.k, cfg.score, cfg.renormalize, cfg.scale};
   const Bits* rows = static_cast<const Bits*>(logits);
   const RowLengths<Bits> whole_rows{nullptr, Bits(0)};
+  DeviceInfo dev;
+  if (gpuError_t err = query_device(&dev); err != gpuSuccess) return err;
   return launch_warp_select_rows<Bits, Out, kByLogitsMaxSlots>(
-      rows, cfg.tokens, cfg.experts, cfg.k, warp_rows_vectorised(rows, cfg.experts, whole_rows), out, whole_rows,
+      dev, rows, cfg.tokens, cfg.experts, cfg.k, warp_rows_vectorised(rows, cfg.experts, whole_rows), out, whole_rows,
       stream);
 }
 

@@ -25,6 +25,7 @@ namespace {
 
 // The segments of the library sort of rows * k survivors: offsets[i] = i * k.
 __global__ void segment_offsets_kernel(int* offsets, int64_t rows, int64_t k) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= rows;
        i += int64_t(gridDim.x) * blockDim.x) {
     offsets[i] = int(i * k);
@@ -123,8 +124,8 @@ gpuError_t make_plan(int64_t rows, int64_t n, int64_t k, const DeviceInfo& dev,
 
 // ---------------------------------------------------------------------------
 template <typename U>
-gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                             int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+gpuError_t launch_warp_sort(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                             int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
                              gpuStream_t stream) {
   const int lanes = warp_sort_lanes_per_row(n);
   const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
@@ -135,9 +136,8 @@ gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t row
   const int list = int(next_pow2(k));
 #define JAX_TOPK_WARP_SORT_CASE(K)                                                              \
   case K:                                                                                       \
-    warp_sort_topk_kernel<U, K><<<grid, kWarpSortThreads, 0, stream>>>(                         \
-        x, values, indices, rows, int(n), int(k), log2_lanes, vectorised, codec, lengths);     \
-    break;
+    return launch_dependent(dev, warp_sort_topk_kernel<U, K>, grid, dim3(kWarpSortThreads), 0, stream, x, \
+                            values, indices, rows, int(n), int(k), log2_lanes, vectorised, codec, lengths);
   switch (list) {
     JAX_TOPK_WARP_SORT_CASE(1)
     JAX_TOPK_WARP_SORT_CASE(2)
@@ -149,12 +149,11 @@ gpuError_t launch_warp_sort(const U* x, U* values, int32_t* indices, int64_t row
       return gpuErrorInvalidValue;  // the dispatcher never sends k > kWarpSortMaxK here
   }
 #undef JAX_TOPK_WARP_SORT_CASE
-  return gpuGetLastError();
 }
 
 template <typename U>
-gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t rows, int64_t n,
-                               int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
+gpuError_t launch_warp_select(const DeviceInfo& dev, const U* x, U* values, int32_t* indices, int64_t rows,
+                               int64_t n, int64_t k, KeyCodec<U> codec, RowLengths<U> lengths,
                                gpuStream_t stream) {
   WsTopkOutput<U> out;
   out.codec = codec;
@@ -162,14 +161,14 @@ gpuError_t launch_warp_select(const U* x, U* values, int32_t* indices, int64_t r
   out.values = values;
   out.indices = indices;
   out.k = int(k);
-  return launch_warp_select_rows<U>(x, rows, n, k, warp_rows_vectorised(x, n, lengths), out, lengths,
+  return launch_warp_select_rows<U>(dev, x, rows, n, k, warp_rows_vectorised(x, n, lengths), out, lengths,
                                     stream);
 }
 
 // Sorts the unsorted survivors [rows][k] with the library radix sort (CUB, rocPRIM) and writes the outputs.
 template <typename U>
-gpuError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t rows, int64_t k,
-                                       KeyCodec<U> codec, U pad_bits, U* values, int32_t* indices,
+gpuError_t sort_survivors_device_wide(const DeviceInfo& dev, const Plan& plan, void* scratch, int64_t rows,
+                                       int64_t k, KeyCodec<U> codec, U pad_bits, U* values, int32_t* indices,
                                        gpuStream_t stream) {
   using P = typename RadixPacked<U>::type;
   const int end_bit = kRadixIndexBase + int(sizeof(U) * 8);
@@ -182,8 +181,9 @@ gpuError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t r
   if (rows == 1) {
     err = device_sort_keys_descending(temp, temp_bytes, survivors, sorted, int(k), 0, end_bit, stream);
   } else {
-    segment_offsets_kernel<<<unsigned((rows + 256) / 256), 256, 0, stream>>>(offsets, rows, k);
-    if ((err = gpuGetLastError()) != gpuSuccess) return err;
+    err = launch_dependent(dev, segment_offsets_kernel, dim3(unsigned((rows + 256) / 256)), dim3(256), 0, stream,
+                           offsets, rows, k);
+    if (err != gpuSuccess) return err;
     err = segmented_sort_keys_descending(temp, temp_bytes, survivors, sorted, int(rows * k), int(rows), offsets,
                                          offsets + 1, 0, end_bit, stream);
   }
@@ -191,9 +191,9 @@ gpuError_t sort_survivors_device_wide(const Plan& plan, void* scratch, int64_t r
   const int64_t count = rows * k;
   int64_t blocks = (count + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  write_sorted_kernel<U><<<unsigned(blocks), 256, 0, stream>>>(sorted, count, codec, pad_bits, values,
-                                                               indices);
-  return gpuGetLastError();
+  return launch_dependent(dev, write_sorted_kernel<U>, dim3(unsigned(blocks)), dim3(256), 0, stream,
+                          static_cast<const typename RadixPacked<U>::type*>(sorted), count, codec, pad_bits, values,
+                          indices);
 }
 
 // Per-kernel launch preparation, cached: raising the dynamic shared memory
@@ -290,10 +290,9 @@ gpuError_t launch_radix_row_per_block(const Plan& plan, const DeviceInfo& dev, c
   // worth of room per row: the row and what the scans touch).
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, 2 * n * int64_t(sizeof(U)));
   P* survivors_global = kSortInBlock ? nullptr : at<P>(scratch, plan.survivors);
-  kernel<<<unsigned(grid), kRadixThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n),
-                                                          int(plan.candidate_capacity), codec,
-                                                          lengths, values, indices, survivors_global);
-  return gpuGetLastError();
+  return launch_dependent(dev, kernel, dim3(unsigned(grid)), dim3(kRadixThreads), smem, stream, x, rows, n, k,
+                          radix_index_bits(n), int(plan.candidate_capacity), codec, lengths, values, indices,
+                          survivors_global);
 }
 
 // kThresholdRowPerBlock / kThresholdStream (kStream): a persistent grid of
@@ -351,14 +350,14 @@ gpuError_t launch_threshold_ru(const DeviceInfo& dev, const U* x, U* values, int
   }
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, two_reads ? n * int64_t(sizeof(U)) : 0);
   if constexpr (kStream) {
-    threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>
-        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, codec, lengths, values, indices);
+    return launch_dependent(dev, threshold_stream_topk_kernel<U, kThreads, kR, kUnroll>, dim3(unsigned(grid)),
+                            dim3(kThreads), smem, stream, x, rows, n, k, codec, lengths, values, indices);
   } else {
-    threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>
-        <<<unsigned(grid), kThreads, smem, stream>>>(x, rows, n, k, radix_index_bits(n), sample,
-                                                     staged_groups, walk_ring, codec, lengths, values, indices);
+    return launch_dependent(dev, threshold_topk_row_per_block_kernel<U, kThreads, kR, kUnroll>,
+                            dim3(unsigned(grid)), dim3(kThreads), smem, stream, x, rows, n, k,
+                            radix_index_bits(n), sample, staged_groups, walk_ring, codec, lengths, values,
+                            indices);
   }
-  return gpuGetLastError();
 }
 
 // Loads in flight: with no more rows than SMs (one block per SM either way),
@@ -428,8 +427,9 @@ gpuError_t launch_cluster_rows_s(const DeviceInfo& dev, const U* x, U* values, i
     gpuError_t err = allow_dynamic_smem(dev, kernel, smem);
     if (err != gpuSuccess) return err;
     const ThresholdSample sample = kSampled ? threshold_sample(n, k, kClusterSampleSlots) : ThresholdSample{0, 0};
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config = cluster_launch_config(rows, blocks, smem, stream, &attribute);
+    cudaLaunchAttribute attributes[2];
+    cudaLaunchConfig_t config = cluster_launch_config(rows, blocks, smem, stream, attributes);
+    allow_dependent_launch(dev, &config, attributes);
     return cudaLaunchKernelEx(&config, kernel, x, n, k, sample, codec, lengths, values, indices);
   }
 #endif
@@ -460,8 +460,8 @@ gpuError_t launch_register_rows_e(const DeviceInfo& dev, const U* x, U* values, 
                                   &per_sm);
   if (err != gpuSuccess) return err;
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, 0);
-  kernel<<<unsigned(grid), kRegisterThreads, 0, stream>>>(x, rows, n, k, codec, lengths, values, indices);
-  return gpuGetLastError();
+  return launch_dependent(dev, kernel, dim3(unsigned(grid)), dim3(kRegisterThreads), 0, stream, x, rows, n, k,
+                          codec, lengths, values, indices);
 }
 
 template <typename U>
@@ -494,8 +494,8 @@ gpuError_t launch_radix_split_row(const Plan& plan, const DeviceInfo& dev, const
   s.candidates = at<P>(scratch, plan.candidates);
   s.candidate_capacity = plan.candidate_capacity;
 
-  radix_split_init_kernel<U><<<unsigned(rows), 256, 0, stream>>>(s, n, k, lengths);
-  gpuError_t err = gpuGetLastError();
+  gpuError_t err = launch_dependent(dev, radix_split_init_kernel<U>, dim3(unsigned(rows)), dim3(256), 0, stream, s,
+                                    n, k, lengths);
   if (err != gpuSuccess) return err;
   const int index_bits = radix_index_bits(n);
   const int passes = radix_field_count(int(sizeof(U) * 8), index_bits);
@@ -535,9 +535,9 @@ gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* val
     case TopkRegime::kSmallK:
       if constexpr (sizeof(U) <= 4) {
         if (n <= kWarpSelectMaxN) {
-          return launch_warp_select<U>(x, values, indices, rows, n, k, codec, lengths, stream);
+          return launch_warp_select<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
         }
-        return launch_warp_sort<U>(x, values, indices, rows, n, k, codec, lengths, stream);
+        return launch_warp_sort<U>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
       } else {
         return gpuErrorInvalidValue;  // the dispatcher keeps 64-bit keys on radix
       }
@@ -549,7 +549,7 @@ gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* val
       err = launch_radix_row_per_block<U, false>(plan, dev, x, values, indices, rows, n, k, codec,
                                                  lengths, scratch, stream);
       if (err != gpuSuccess) return err;
-      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
+      return sort_survivors_device_wide<U>(dev, plan, scratch, rows, k, codec, lengths.pad_bits, values,
                                            indices, stream);
     case TopkRegime::kThresholdRowPerBlock:
       return launch_threshold<U, false>(dev, x, values, indices, rows, n, k, codec, lengths, stream);
@@ -563,7 +563,7 @@ gpuError_t run_topk(KeyCodec<U> codec, RowLengths<U> lengths, const U* x, U* val
       err = launch_radix_split_row<U>(plan, dev, x, values, indices, rows, n, k, codec, lengths,
                                       scratch, stream);
       if (err != gpuSuccess || plan.sort_in_block) return err;
-      return sort_survivors_device_wide<U>(plan, scratch, rows, k, codec, lengths.pad_bits, values,
+      return sort_survivors_device_wide<U>(dev, plan, scratch, rows, k, codec, lengths.pad_bits, values,
                                            indices, stream);
   }
   return gpuErrorInvalidValue;

@@ -602,6 +602,7 @@ __global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
     cluster_topk_rows_kernel(const U* __restrict__ x, int64_t n, int64_t k, ThresholdSample sample,
                              KeyCodec<U> codec, RowLengths<U> lengths, U* __restrict__ values,
                              int32_t* __restrict__ indices) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
 #if defined(JAX_TOPK_HAS_CLUSTERS) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
   using P = uint64_t;

@@ -379,6 +379,7 @@ __global__ void __launch_bounds__(kRadixThreads)
                                     RowLengths<U> lengths, U* __restrict__ values,
                                     int32_t* __restrict__ indices,
                                     typename RadixPacked<U>::type* survivors_global) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   using P = typename RadixPacked<U>::type;
   extern __shared__ uint4 radix_smem[];  // uint4: 16-byte alignment for u128
   uint32_t* hist = reinterpret_cast<uint32_t*>(radix_smem);
@@ -413,6 +414,7 @@ __global__ void __launch_bounds__(256)
     radix_split_init_kernel(RadixSplitScratch<typename RadixPacked<U>::type> s, int64_t n,
                             int64_t k, RowLengths<U> lengths) {
   using P = typename RadixPacked<U>::type;
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   let_next_grid_start();  // the first pass (launch_dependent) waits for this grid's writes
   const int64_t row = blockIdx.x;
   const int64_t len = lengths.of_loaded(row, n);
@@ -525,6 +527,7 @@ template <typename U>
 __global__ void write_sorted_kernel(const typename RadixPacked<U>::type* __restrict__ sorted,
                                     int64_t count, KeyCodec<U> codec, U pad_bits,
                                     U* __restrict__ values, int32_t* __restrict__ indices) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     write_packed_output(sorted[i], codec, pad_bits, values, indices, i);

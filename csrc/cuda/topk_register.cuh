@@ -33,6 +33,7 @@
 #pragma once
 
 #include "cuda/block_radix_sort.cuh"
+#include "cuda/dependent_launch.cuh"
 #include "cuda/primitives.cuh"
 #include "jax_topk/topk_dispatch.h"
 
@@ -132,6 +133,7 @@ template <typename U, int kE>
 __global__ void __launch_bounds__(kRegisterThreads, 1)
     register_topk_rows_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k, KeyCodec<U> codec,
                               RowLengths<U> lengths, U* __restrict__ values, int32_t* __restrict__ indices) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   static_assert(sizeof(U) <= 4, "keys of at most 32 bits (packed with the index in 64)");
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;

@@ -503,6 +503,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdMinBlocksPerSm<U, kThread
                                         int64_t k, int index_bits, ThresholdSample sample, int staged_groups,
                                         bool walk_ring, KeyCodec<U> codec, RowLengths<U> lengths,
                                         U* __restrict__ values, int32_t* __restrict__ indices) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
   constexpr int kG = kThreads * kR;
@@ -644,6 +645,7 @@ __global__ void __launch_bounds__(kThreads, (kThresholdStreamMinBlocksPerSm<U, k
     threshold_stream_topk_kernel(const U* __restrict__ x, int64_t rows, int64_t n, int64_t k,
                                  KeyCodec<U> codec, RowLengths<U> lengths, U* __restrict__ values,
                                  int32_t* __restrict__ indices) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   static_assert(sizeof(U) <= 4, "packed values are u64");
   using P = uint64_t;
   constexpr int kG = kThreads * kR;

@@ -21,6 +21,7 @@
 // on the whole-row path).
 #pragma once
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/primitives.cuh"
 #include "cuda/topk_bitonic.cuh"
 
@@ -141,6 +142,7 @@ __global__ void __launch_bounds__(kWarpSortThreads)
                           int32_t* __restrict__ indices, int64_t rows, int n, int k,
                           int log2_lanes, bool vectorised, KeyCodec<U> codec,
                           RowLengths<U> lengths) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   using P = typename WarpSortPacked<U>::type;
   constexpr int kVec = int(16 / sizeof(U));
   constexpr int kElems = K > kVec ? K : kVec;  // values loaded per lane per iteration

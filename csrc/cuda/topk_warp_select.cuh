@@ -44,6 +44,7 @@
 #include <climits>
 #include <type_traits>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/primitives.cuh"
 #include "jax_topk/topk_dispatch.h"
 
@@ -453,6 +454,7 @@ __global__ void __launch_bounds__(kWarpSelectThreads)
     warp_select_topk_kernel(const U* __restrict__ x, int64_t rows, int n, int k, int log2_lanes,
                             bool two_groups, bool vectorised, int capacity, Out out,
                             RowLengths<U> lengths) {
+  wait_for_previous_grid();  // launched dependent (dependent_launch.cuh): the kernel before may still run
   using M = WsMask<E>;
   constexpr int kVec = int(16 / sizeof(U));
   extern __shared__ uint64_t ws_smem[];
@@ -553,8 +555,8 @@ JAX_TOPK_HOST_DEVICE inline size_t ws_smem_bytes(int64_t n, int lanes) {
 // kWarpSelectMaxN, k <= 32) with E the slot count the layout needs (callers
 // whose rows need fewer than kMaxSlots instantiate no more).
 template <typename U, typename Out, int kMaxSlots = kWsMaxSlots>
-gpuError_t launch_warp_select_rows(const U* x, int64_t rows, int64_t n, int64_t k, bool vectorised,
-                                   const Out& out, RowLengths<U> lengths, gpuStream_t stream) {
+gpuError_t launch_warp_select_rows(const DeviceInfo& dev, const U* x, int64_t rows, int64_t n, int64_t k,
+                                   bool vectorised, const Out& out, RowLengths<U> lengths, gpuStream_t stream) {
   constexpr int kVec = int(16 / sizeof(U));
   const int lanes = ws_lanes(n, k);
   const int log2_lanes = bit_width(uint64_t(lanes)) - 1;  // lanes is a power of two
@@ -567,9 +569,9 @@ gpuError_t launch_warp_select_rows(const U* x, int64_t rows, int64_t n, int64_t 
   const auto launch = [&](auto slot_count) -> gpuError_t {
     constexpr int E = decltype(slot_count)::value;
     if constexpr (E % kVec == 0 && E <= kMaxSlots) {
-      warp_select_topk_kernel<U, E, Out><<<grid, kWarpSelectThreads, smem, stream>>>(
-          x, rows, int(n), int(k), log2_lanes, two_groups, vectorised, ws_capacity(n), out, lengths);
-      return gpuGetLastError();
+      return launch_dependent(dev, warp_select_topk_kernel<U, E, Out>, grid, dim3(kWarpSelectThreads), smem, stream,
+                              x, rows, int(n), int(k), log2_lanes, two_groups, vectorised, ws_capacity(n), out,
+                              lengths);
     } else {
       return gpuErrorInvalidValue;
     }
