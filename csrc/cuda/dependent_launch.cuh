@@ -20,9 +20,13 @@
 //     radix passes gain from it (1x1048576 k16 36.0 -> 31.3 us); the row-tile
 //     sort passes do not (1x1048576: 95 -> 101 us with it, 90 without: the
 //     waiting blocks slow the pass they wait on), so they leave it out.
+// The first kernel of a top_k op is a dependent launch too: in a CUDA graph
+// of back-to-back calls it saves 0.2-0.65 us a call (H100); between two
+// custom calls of a JAX executable it measured nothing (v27).
 // Elsewhere (HIP, chips before sm_90, ordinary launches) both calls do
 // nothing and launch_dependent is an ordinary launch, so kernels that use
-// them stay correct however they are launched.
+// them stay correct however they are launched. JAX_TOPK_NO_DEPENDENT_LAUNCH
+// (device_info.h) turns the attribute off, for A/B measurements.
 #pragma once
 
 #include "cuda/device_info.h"
