@@ -191,9 +191,8 @@ gpuError_t sort_survivors_device_wide(const DeviceInfo& dev, const Plan& plan, v
   const int64_t count = rows * k;
   int64_t blocks = (count + 255) / 256;
   if (blocks > 65536) blocks = 65536;
-  return launch_dependent(dev, write_sorted_kernel<U>, dim3(unsigned(blocks)), dim3(256), 0, stream,
-                          static_cast<const typename RadixPacked<U>::type*>(sorted), count, codec, pad_bits, values,
-                          indices);
+  return launch_dependent(dev, write_sorted_kernel<U>, dim3(unsigned(blocks)), dim3(256), 0, stream, sorted, count,
+                          codec, pad_bits, values, indices);
 }
 
 // Per-kernel launch preparation, cached: raising the dynamic shared memory
