@@ -6,6 +6,8 @@ JAX_TOPK_CUDA_ARCHITECTURES, -DNDEBUG in Release. Here the architectures come
 from --define=cuda_archs=LIST (comma-separated, CMake notation: 90 = sm_90 code
 and compute_90 PTX, 90-real = code only, 100-virtual = PTX only; sm_90 and
 compute_90 are taken too), default DEFAULT_CUDA_ARCHS; -DNDEBUG with -c opt.
+Sources listed in wgmma_srcs take 90a for 90 and -DJAX_TOPK_BUILD_HAS_WGMMA=1,
+as CMake builds JAX_TOPK_WGMMA_SOURCES.
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
@@ -30,6 +32,10 @@ def _archs(ctx):
         fail("--define=cuda_archs is empty")
     return archs
 
+def _wgmma_archs(archs):
+    """CMakeLists.txt's rule for JAX_TOPK_WGMMA_SOURCES: 90 becomes 90a (sm_90a, Hopper's wgmma)."""
+    return [("90a" + a[len("90"):]) if (a == "90" or a.startswith("90-")) else a for a in archs]
+
 def _gencode(arch):
     if arch.endswith("-real"):
         n = arch[:-len("-real")]
@@ -47,8 +53,9 @@ def _nvcc_library_impl(ctx):
     root = "/".join([p for p in [ctx.label.workspace_root, ctx.label.package] if p])
     includes = [(root + "/" + i) if root else i for i in ctx.attr.includes]
     archs = _archs(ctx)
+    wgmma_archs = _wgmma_archs(archs)
+    wgmma_srcs = [f.path for f in ctx.files.wgmma_srcs]
     flags = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-Xcompiler=-fPIC"]
-    flags += [_gencode(a) for a in archs]
     if ctx.var.get("COMPILATION_MODE") == "opt":
         flags.append("-DNDEBUG")
     flags += ["-I" + (i if i else ".") for i in includes]
@@ -59,13 +66,17 @@ def _nvcc_library_impl(ctx):
     objects = []
     for src in ctx.files.srcs:
         obj = ctx.actions.declare_file("_nvcc/%s/%s.o" % (ctx.label.name, src.short_path.replace("/", "_")))
+        src_archs = wgmma_archs if src.path in wgmma_srcs else archs
+        src_flags = [_gencode(a) for a in src_archs]
+        if src_archs != archs:
+            src_flags.append("-DJAX_TOPK_BUILD_HAS_WGMMA=1")
         ctx.actions.run(
             executable = NVCC,
-            arguments = flags + ["-c", src.path, "-o", obj.path],
+            arguments = flags + src_flags + ["-c", src.path, "-o", obj.path],
             inputs = depset([src], transitive = [headers, cc_toolchain.all_files]),
             outputs = [obj],
             mnemonic = "NvccCompile",
-            progress_message = "nvcc %s (%s)" % (src.short_path, " ".join(archs)),
+            progress_message = "nvcc %s (%s)" % (src.short_path, " ".join(src_archs)),
             use_default_shell_env = True,
         )
         objects.append(obj)
@@ -118,6 +129,10 @@ nvcc_library = rule(
         "hdrs": attr.label_list(allow_files = True, doc = "Headers the sources include (action inputs)."),
         "includes": attr.string_list(doc = "Include directories, relative to the package."),
         "copts": attr.string_list(doc = "Extra nvcc flags."),
+        "wgmma_srcs": attr.label_list(
+            allow_files = [".cu"],
+            doc = "Those of srcs with an sm_90a kernel: built for 90a where the list says 90 (CMake's JAX_TOPK_WGMMA_SOURCES).",
+        ),
         "_cc_toolchain": attr.label(default = "@bazel_tools//tools/cpp:current_cc_toolchain"),
     },
     fragments = ["cpp"],

@@ -35,7 +35,7 @@
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
 #   tests_nsa  tests/test_nsa.py on the GPU alone
-#   nsa_kernel the CUDA block-score kernel alone against a float64 host reference
+#   nsa_kernel the CUDA block-score kernels alone (warpgroup and mma.sync) against a float64 host reference
 #              (csrc/cuda/tests/nsa_block_scores_test.cu), its time at 16K and 64K tokens
 #              (--bench), and compute-sanitizer memcheck, racecheck and synccheck over it
 #   tests_indexer  tests/test_indexer.py on the GPU alone (GPU == CPU, fused == unfused, batch invariance)
@@ -206,7 +206,9 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
           -k "(against_cpu and bfloat16-64-128) or (fused_equals_unfused and random and (bfloat16-32-128 or float32))"
       done ;;
     nsa_kernel)
-      step nsa_kernel_build 200 "${NVCC[@]}" csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu \
+      # sm_90a, so that both kernels run: the warpgroup one, then the mma.sync one.
+      step nsa_kernel_build 200 "${NVCC[@]/-arch=sm_90/-gencode=arch=compute_90a,code=sm_90a}" \
+        -DJAX_TOPK_BUILD_HAS_WGMMA csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu \
         -o /tmp/nsa_block_scores_test && step nsa_kernel 120 /tmp/nsa_block_scores_test &&
         step nsa_kernel_bench 60 /tmp/nsa_block_scores_test --bench &&
         for tool in memcheck racecheck synccheck; do

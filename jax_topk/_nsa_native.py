@@ -2,9 +2,11 @@
 
 The same scores as ``_nsa_pallas``'s block-score kernel (compressed attention
 probabilities from the compressed branch's log-sum-exp, summed over each GQA
-group and mapped to selection blocks by their overlap), on mma.sync tensor
-cores with a warp per two queries: the Pallas kernel's [256, 64] float32
-scores per program left Triton two programs per SM (NOTES.md). bfloat16 and
+group and mapped to selection blocks by their overlap), on tensor cores:
+Hopper's warpgroup products for groups of more than 8 heads on an H100/H200
+(``JAX_TOPK_NSA_NO_WGMMA=1`` turns them off), else mma.sync with a warp per
+two queries; the Pallas kernel's [256, 64] float32 scores per program left
+Triton two programs per SM (NOTES.md). bfloat16 and
 float16 on CUDA; the shapes it takes are ``jax_topk/nsa.h``'s, read through
 the FFI module (``unsupported``). Equal to the Pallas kernel up to the order
 of float sums.

@@ -615,7 +615,8 @@ def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
 @pytest.mark.parametrize("dtype,dim,q_heads", [("bfloat16", 128, 32), ("float16", 64, 8), ("bfloat16", 64, 2)])
 @pytest.mark.parametrize("sizes", [(32, 16, 64), (16, 16, 64), (64, 16, 64), (32, 8, 64), (24, 8, 64)])
 def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, sizes):
-    """The CUDA block-score kernel (tensor cores, a warp per two queries)
+    """The CUDA block-score kernel (tensor cores: on an H100/H200 the warpgroup
+    kernel for groups of more than 8 heads, else a warp per two queries)
     against the Pallas kernel on the same inputs: every chunk's scores for the
     real queries (groups of 16, 4 and 1 heads: two head tiles and one;
     selection blocks reaching 0 to 3 compression blocks into the step before;

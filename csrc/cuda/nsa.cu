@@ -1,6 +1,8 @@
-// NSA's selection scores (jax_topk/nsa.h) on tensor cores.
+// NSA's selection scores (jax_topk/nsa.h) on tensor cores: two kernels,
+// mma.sync (sm_80+) and warpgroup products (wgmma, sm_90a: Hopper, groups of
+// more than 8 heads), which pool their per-key sums alike.
 //
-// A block of 8 warps takes 16 consecutive queries of one (item, KV head),
+// The mma.sync kernel: a block of 8 warps takes 16 consecutive queries of one (item, KV head),
 // and all warps share the compressed keys, 64 per step, double-buffered in
 // shared memory by cp.async. Each warp holds two queries' G <= 16 heads as
 // mma.sync B fragments (one or two tiles of 8 heads; heads past G zero) for
@@ -22,10 +24,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <type_traits>
 
 #include "cuda/mma.cuh"
 #include "cuda/nsa_cuda.h"
 #include "cuda/primitives.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace jax_topk::cuda {
 namespace {
@@ -239,15 +244,303 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 }
 
+// ---- sm_90a: the same scores by warpgroup products (wgmma) ----------------
+//
+// A block of two warpgroups takes 16 consecutive queries of one (item, KV
+// head), 8 per warpgroup; the keys, 64 per step, are shared and double-
+// buffered by cp.async as above. A warpgroup keeps its 8 queries' 16 head
+// rows (N = 128 columns, heads past G zero) in shared memory for the whole
+// kernel and forms the step's 64 keys x 128 columns in one chain of
+// m64n128k16 products (K = dim). Thread (warp w, lane g * 4 + c) then holds
+// keys 16w + g and 16w + g + 8 of heads 2c, 2c + 1, 8 + 2c, 9 + 2c of each
+// query: four probabilities per (query, key) summed in the thread, then a
+// reduce-scatter over the 4 lanes of a key (two shuffle rounds of halving
+// size) leaves each lane four (query, key) sums for shared memory. The
+// pooling into selection blocks and the halo are the mma.sync kernel's, per
+// warpgroup. Why: the mma.sync kernel's warps wait on their own products and
+// exponentials (twenty-fifth session: tensor pipe 30% busy); a warpgroup's
+// product runs from shared memory while the other warpgroups of the SM turn
+// theirs into probabilities. H200, 64K tokens of benchmarks/nsa.py: 6.1 ms
+// against the mma.sync kernel's 8.2 (benchmarks/results/NOTES.md, thirty-
+// ninth session, with what was measured and not kept).
+constexpr int kWgQueries = 8;                       // queries per warpgroup (128 columns / 16 heads)
+constexpr int kWgWarpgroups = 2;
+constexpr int kWgThreads = kWgWarpgroups * 128;
+constexpr int kWgBlockQueries = kWgWarpgroups * kWgQueries;
+constexpr uint32_t kKeyBuffers = 2;  // the step in the tensor cores, the step loading
+static_assert(kWgBlockQueries == kQueriesPerBlock, "both kernels take the chunk in blocks of 16 queries");
+static_assert(kNsaMaxGroup == 16, "a query's heads are 16 columns");
+
+template <int kDim>
+struct WgmmaSmem {  // byte offsets; the tiles 1024-byte aligned
+  static constexpr uint32_t kQueryTile = 128u * kDim * 2;  // a warpgroup's 128 rows of dim
+  static constexpr uint32_t kKeyTile = uint32_t(kStepKeys) * kDim * 2;
+  static constexpr uint32_t kKeys = kWgWarpgroups * kQueryTile;
+  static constexpr uint32_t kProbs = kKeys + kKeyBuffers * kKeyTile;
+  static constexpr uint32_t kLse = kProbs + uint32_t(kWgBlockQueries * kProbRow) * 4;
+  static constexpr uint32_t kBytes = kLse + uint32_t(kWgBlockQueries * 16) * 4 + 1024;  // + alignment
+};
+
+// kPerBlock, kPerSelect: l / d and l' / d when known at compile time (the
+// default NSAConfig's 2 and 4: the pooling's weights become constants), else 0.
+template <typename T, int kDim, int kPerBlock, int kPerSelect>
+__global__ void __launch_bounds__(kWgThreads, 2)
+    nsa_block_scores_wgmma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k_cmp,
+                                  const float* __restrict__ lse, const int32_t* __restrict__ start_at,
+                                  float* __restrict__ out, NsaScoreShape s) {
+#if defined(JAX_TOPK_DEVICE_HAS_WGMMA)
+  using Smem = WgmmaSmem<kDim>;
+  constexpr int kChunks = kDim / 8;  // 16-byte chunks per row
+  extern __shared__ uint4 nsa_smem[];
+  const uint32_t base = (shared_address(nsa_smem) + 1023u) & ~1023u;
+  unsigned char* const base_ptr = reinterpret_cast<unsigned char*>(nsa_smem) + (base - shared_address(nsa_smem));
+  float* const probs_s = reinterpret_cast<float*>(base_ptr + Smem::kProbs);
+  float* const lse_s = probs_s + kWgBlockQueries * kProbRow;
+
+  const int tid = int(threadIdx.x), wg = tid / 128, wt = tid % 128;
+  const int warp = wt / 32, lane = tid % 32, g = lane >> 2, c = lane & 3;
+  const int64_t b = blockIdx.z, h = blockIdx.y, heads = s.kv_heads, groups = s.groups;
+  const int64_t start = __ldg(start_at);
+  const int64_t row0 = int64_t(blockIdx.x) * kWgBlockQueries;
+  const int per_block = kPerBlock ? kPerBlock : int(s.block_size / s.stride);
+  const int per_select = kPerSelect ? kPerSelect : int(s.select_size / s.stride);
+  const int width = int(s.width);
+  const int blocks_per_step = kStepKeys / per_select;
+  const int halo = per_block - 1;
+  const auto seen_keys = [&](int64_t t) -> int {  // compressed blocks i with i*d + l - 1 <= t
+    if (t >= s.q_rows || t + 1 < s.block_size) return 0;
+    return int(min((t + 1 - s.block_size) / s.stride + 1, s.num_blocks));
+  };
+  const int steps_seen = (seen_keys(min(start + row0 + kWgBlockQueries, s.q_rows) - 1) + kStepKeys - 1) / kStepKeys;
+  const int steps_out = (width + blocks_per_step - 1) / blocks_per_step;
+
+  // Every warpgroup's queries into its tile: row n = 16 * query + head.
+  for (int i = tid; i < kWgThreads * kChunks; i += kWgThreads) {
+    const int row = i / kChunks % 128, chunk = i % kChunks, group = i / (128 * kChunks);
+    const int head = row % 16;
+    const int64_t t = start + row0 + group * kWgQueries + row / 16;
+    const bool valid = t < s.q_rows && head < groups;
+    const int64_t at = (((b * s.q_rows + (valid ? t : 0)) * heads + h) * groups + (valid ? head : 0)) * kDim;
+    copy_async_16(base + group * Smem::kQueryTile + swizzle_128b_offset(128, row, chunk), q + at + chunk * 8, valid);
+  }
+  const uint16_t* keys_bh = k_cmp + (b * s.key_rows * heads + h) * kDim;  // key i at + i * heads * kDim
+  auto load_step = [&](int step) {  // the step's 64 keys (zeros past key_rows) into its buffer
+    const int64_t first = int64_t(step) * kStepKeys;
+    const uint32_t dst = base + Smem::kKeys + uint32_t(step % kKeyBuffers) * Smem::kKeyTile;
+    for (int i = tid; i < kStepKeys * kChunks; i += kWgThreads) {
+      const int key = i / kChunks, chunk = i % kChunks;
+      const bool valid = first + key < s.key_rows;
+      copy_async_16(dst + swizzle_128b_offset(kStepKeys, key, chunk),
+                    keys_bh + (valid ? first + key : 0) * heads * kDim + chunk * 8, valid);
+    }
+  };
+  if (steps_seen > 0) load_step(0);
+  copy_async_commit();  // the queries, with the first keys
+
+  // The block's lse, [query][head] (+inf past G or past the rows): read from
+  // shared memory per step, as registers would spill. The keys a query sees:
+  // key i iff i * d + l - 1 <= t, i < num_blocks and t < q_rows.
+  {
+    const int64_t t = start + row0 + tid / 16;
+    const int head = tid % 16;
+    const bool valid = t < s.q_rows && head < groups;
+    lse_s[tid] = valid ? __ldg(lse + ((b * s.q_rows + t) * heads + h) * groups + head) : INFINITY;
+  }
+  static_assert(kWgThreads == kWgBlockQueries * 16, "one thread per (query, head) of the block's lse");
+  const int64_t first_query = start + row0 + wg * kWgQueries;
+  const int rows_left = int(min(int64_t(kWgQueries), max(int64_t(0), s.q_rows - first_query)));
+  const float2* lse_wg = reinterpret_cast<const float2*>(lse_s + wg * kWgQueries * 16);
+
+  float* probs = probs_s + wg * kWgQueries * kProbRow;  // the warpgroup's queries' rows
+  probs[(wt / kHalo) * kProbRow + wt % kHalo] = 0.0f;   // no keys before the first
+  static_assert(kWgQueries * kHalo == 128, "one thread per halo slot of the warpgroup's queries");
+  const auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
+  const int pool_query = wt / 16;
+  const int64_t pool_row = row0 + wg * kWgQueries + pool_query;  // the output row (chunk-local)
+  float* out_row = out + ((b * heads + h) * s.chunk + pool_row) * s.width;
+  const float* pool_probs = probs + pool_query * kProbRow + kHalo;
+  const uint32_t query_tile = base + wg * Smem::kQueryTile;
+
+  // Scores of the step's keys (sums over this lane's heads, then over the
+  // key's 4 lanes) into shared memory, then the selection blocks.
+  const auto score_step = [&](int step, const float(&acc)[64], bool seen_any) {
+    float fin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this lane's four (query, key) sums
+    if (seen_any) {
+      // A key counts for query qi iff key * d + l - 1 - first_query <= qi;
+      // a warp whose last key the warpgroup's first query sees needs no test.
+      const int key = step * kStepKeys + 16 * warp + g;
+      const int64_t warp_last = int64_t(step) * kStepKeys + 16 * warp + 15;
+      const bool all_seen = rows_left == kWgQueries && warp_last < s.num_blocks &&
+                            warp_last * s.stride + s.block_size - 1 <= first_query;
+      int reach[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t k = key + 8 * half;
+        reach[half] = k < s.num_blocks ? int(min(int64_t(kWgQueries),
+                                                 max(int64_t(-1), k * s.stride + s.block_size - 1 - first_query)))
+                                       : kWgQueries;
+      }
+      float v[kWgQueries][2];
+      const auto probabilities = [&](auto masked) {
+#pragma unroll
+        for (int qi = 0; qi < kWgQueries; ++qi) {
+          const float2 lse_lo = lse_wg[(qi * 16 + 2 * c) / 2], lse_hi = lse_wg[(qi * 16 + 8 + 2 * c) / 2];
+          const float l4[2][2] = {{lse_lo.x, lse_lo.y}, {lse_hi.x, lse_hi.y}};
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                sum += exp2_approx(__fmaf_rn(acc[4 * (2 * qi + jj) + 2 * half + e], s.scale, -l4[jj][e]));
+              }
+            }
+            if constexpr (decltype(masked)::value) sum = reach[half] <= qi && qi < rows_left ? sum : 0.0f;
+            v[qi][half] = sum;
+          }
+        }
+      };
+      if (all_seen) {
+        probabilities(std::false_type{});
+      } else {
+        probabilities(std::true_type{});
+      }
+      // Reduce-scatter over the key's 4 lanes: lane bit 0 keeps half (c & 1),
+      // then bit 1 keeps query parity (c >> 1) & 1.
+      float w1[kWgQueries];
+      const bool odd0 = c & 1, odd1 = (c >> 1) & 1;
+#pragma unroll
+      for (int qi = 0; qi < kWgQueries; ++qi) {
+        const float keep = odd0 ? v[qi][1] : v[qi][0], send = odd0 ? v[qi][0] : v[qi][1];
+        w1[qi] = keep + warp_shfl_xor(send, 1);
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float keep = odd1 ? w1[2 * m + 1] : w1[2 * m], send = odd1 ? w1[2 * m] : w1[2 * m + 1];
+        fin[m] = keep + warp_shfl_xor(send, 2);
+      }
+    }
+    // Lane (g, c) holds query 2m + (c >> 1) at key 16 * warp + g + 8 (c & 1), m = 0..3 (zeros when
+    // no key of the step is seen: the halo of the step before still scores).
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      probs[(2 * m + ((c >> 1) & 1)) * kProbRow + kHalo + 16 * warp + g + 8 * (c & 1)] = fin[m];
+    }
+    warpgroup_sync();
+    for (int j = wt % 16; j < blocks_per_step; j += 16) {  // the mma.sync kernel's pooling, from offsets
+      const int block = step * blocks_per_step + j;
+      if (block >= width) break;
+      const float* from = pool_probs + j * per_select;
+      float score = 0.0f;
+#pragma unroll
+      for (int o = -halo; o < per_select; ++o) {  // compression block from + o shares this many units
+        score = __fadd_rn(score, __fmul_rn(float(min(o + per_block, per_select) - max(o, 0)), from[o]));
+      }
+      out_row[block] = score;
+    }
+    warpgroup_sync();
+    // The step's last l/d - 1 sums become the next step's halo (ordered
+    // before the next step's sums by its barrier).
+    const int halo_query = wt / kHalo, m = wt % kHalo;
+    if (m < halo) {
+      probs[halo_query * kProbRow + kHalo - halo + m] = probs[halo_query * kProbRow + kHalo + kStepKeys - halo + m];
+    }
+  };
+  // The product of the step's keys (buffer step % kKeyBuffers) and the
+  // warpgroup's queries, issued asynchronously into acc.
+  const auto issue_product = [&](int step, float(&acc)[64]) {
+    const uint32_t key_tile = base + Smem::kKeys + uint32_t(step % kKeyBuffers) * Smem::kKeyTile;
+    wgmma_fence_operands(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) {  // 16 dims a product: slab ks / 4, bytes 32 (ks % 4) into it
+      const uint32_t slab = (ks / 4) * 128u, within = (ks % 4) * 32u;
+      wgmma_m64n128k16<T>(acc, wgmma_descriptor(key_tile + slab * kStepKeys + within),
+                          wgmma_descriptor(query_tile + slab * 128 + within), ks > 0);
+    }
+    wgmma_commit();
+    wgmma_fence_operands(acc);
+  };
+  // The step's keys in and visible to the tensor cores; every warpgroup past
+  // the product of step - 1 (whose buffer the keys of step + 1 take next) and
+  // the halo copy of step - 1.
+  const auto keys_ready = [&] {
+    copy_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();
+  };
+
+  // Step by step: the other warpgroups of the SM (two blocks of two) fill the
+  // tensor cores while this one scores. (Two accumulator sets, the product of
+  // step + 1 in flight while step's scores: 239 registers, one block per SM,
+  // 10.0 ms at 64K tokens against 6.9: the scoring, issue-bound on integer and
+  // select work, wants the warps.)
+  float acc[64];
+  for (int step = 0; step < steps_seen; ++step) {
+    keys_ready();
+    if (step + 1 < steps_seen) {
+      load_step(step + 1);
+      copy_async_commit();
+    }
+    issue_product(step, acc);
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    score_step(step, acc, true);
+  }
+  if (steps_seen < steps_out) {  // no key seen, but the halo of the step before
+    __syncthreads();  // (orders the halo writes before these sums, as keys_ready does)
+    score_step(steps_seen, acc, false);
+  }
+  for (int step = steps_seen + 1; step < steps_out; ++step) {  // nothing seen here nor in the step before
+    for (int j = wt % 16; j < blocks_per_step; j += 16) {
+      const int block = step * blocks_per_step + j;
+      if (block < width) out_row[block] = 0.0f;
+    }
+  }
+  copy_async_wait<0>();  // (a chunk whose queries see nothing still loaded its query tiles)
+#else
+  (void)q, (void)k_cmp, (void)lse, (void)start_at, (void)out, (void)s;
+  __trap();  // launched only where the sm_90a pass compiled it
+#endif
+}
+
+// Whether the wgmma kernel runs here: a build with sm_90a code
+// (JAX_TOPK_BUILD_HAS_WGMMA) on a compute capability 9.0 device.
+inline bool device_runs_wgmma() {
+#if defined(JAX_TOPK_BUILD_HAS_WGMMA)
+  int device = 0, major = 0, minor = 0;
+  if (gpuGetDevice(&device) != gpuSuccess) return false;
+  if (gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, device) != gpuSuccess) return false;
+  if (gpuDeviceGetAttribute(&minor, gpuDevAttrComputeCapabilityMinor, device) != gpuSuccess) return false;
+  return major == 9 && minor == 0 && std::getenv("JAX_TOPK_NSA_NO_WGMMA") == nullptr;
+#else
+  return false;
+#endif
+}
+
 template <typename T, int kDim>
 gpuError_t launch_block_scores(const void* q, const void* k_cmp, const float* lse, const int32_t* start,
                                const NsaScoreShape& s, float* out, gpuStream_t stream) {
+  const dim3 grid(unsigned(s.chunk / kQueriesPerBlock), unsigned(s.kv_heads), unsigned(s.batch));
+  // The warpgroup kernel's 128 columns hold 8 queries of 16 heads: worth it
+  // past one tile of 8 heads.
+  if (s.groups > 8 && device_runs_wgmma()) {
+    const bool default_config = s.block_size == 2 * s.stride && s.select_size == 4 * s.stride;  // l = 2d, l' = 4d
+    auto* kernel = default_config ? nsa_block_scores_wgmma_kernel<T, kDim, 2, 4>
+                                  : nsa_block_scores_wgmma_kernel<T, kDim, 0, 0>;
+    constexpr uint32_t smem = WgmmaSmem<kDim>::kBytes;
+    gpuError_t err = gpu_set_max_dynamic_smem(kernel, int(smem));
+    if (err != gpuSuccess) return err;
+    kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<const uint16_t*>(q),
+                                                static_cast<const uint16_t*>(k_cmp), lse, start, out, s);
+    return gpuGetLastError();
+  }
   // One tile of 8 heads when the group fits it: half the products.
   auto* kernel = s.groups <= 8 ? nsa_block_scores_kernel<T, kDim, 1> : nsa_block_scores_kernel<T, kDim, 2>;
   constexpr size_t smem = block_score_smem_bytes<kDim>();
   gpuError_t err = gpu_set_max_dynamic_smem(kernel, int(smem));
   if (err != gpuSuccess) return err;
-  const dim3 grid(unsigned(s.chunk / kQueriesPerBlock), unsigned(s.kv_heads), unsigned(s.batch));
   kernel<<<grid, kWarps * 32, smem, stream>>>(static_cast<const uint16_t*>(q), static_cast<const uint16_t*>(k_cmp),
                                                lse, start, out, s);
   return gpuGetLastError();

@@ -1,16 +1,21 @@
-// Standalone check of NSA's block-score kernel (csrc/cuda/nsa.cu) against a
+// Standalone check of NSA's block-score kernels (csrc/cuda/nsa.cu) against a
 // float64 host reference of jax_topk/nsa.h's formula, without JAX, so that
 // compute-sanitizer (memcheck, racecheck, synccheck) sees only this kernel:
-//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90 -Icsrc/include -Icsrc \
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+//     -DJAX_TOPK_BUILD_HAS_WGMMA -Icsrc/include -Icsrc \
 //     csrc/cuda/nsa.cu csrc/cuda/tests/nsa_block_scores_test.cu -o /tmp/nsa_block_scores_test
 //   compute-sanitizer --tool memcheck /tmp/nsa_block_scores_test
 //   /tmp/nsa_block_scores_test --bench   # kernel time at benchmarks/nsa.py's shapes, CUDA events
-// Cases: one and two head tiles (G = 1, 4, 16), D = 64 and 128, bfloat16 and
-// float16, halos of 0 to 3 compression blocks, 16 and 8 selection blocks per
-// step, chunks that start past 0 and end past T, k_cmp with padding rows.
+// Cases: one and two head tiles (G = 1, 4, 9, 12, 16), D = 64 and 128,
+// bfloat16 and float16, halos of 0 to 3 compression blocks, 8, 16 and 32
+// selection blocks per step, chunks that start past 0 and end past T, k_cmp
+// with padding rows; where the build has sm_90a code (-gencode
+// arch=compute_90a,code=sm_90a -DJAX_TOPK_BUILD_HAS_WGMMA), the warpgroup
+// kernel (G > 8) and then the mma.sync kernel alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -189,16 +194,28 @@ bool bench(int64_t length) {
 
 }  // namespace
 
+// Both kernels where the build has the warpgroup one (sm_90a): first as
+// dispatched, then the mma.sync kernel alone (JAX_TOPK_NSA_NO_WGMMA).
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) return bench(16384) && bench(65536) ? 0 : 1;
   bool ok = true;
-  //                  dtype          B  rows  T    Hkv G   D   l   d   l'  start chunk seed
-  ok &= run_case(DType::bfloat16, 1, 1280, 1201, 2, 16, 128, 32, 16, 64, 0, 1280, 1);
-  ok &= run_case(DType::bfloat16, 2, 640, 600, 1, 16, 128, 32, 16, 64, 320, 320, 2);
-  ok &= run_case(DType::float16, 1, 512, 500, 2, 4, 64, 16, 16, 64, 0, 512, 3);
-  ok &= run_case(DType::bfloat16, 1, 768, 700, 1, 1, 64, 64, 16, 64, 256, 512, 4);
-  ok &= run_case(DType::float16, 1, 768, 768, 2, 8, 128, 24, 8, 64, 0, 768, 5);
-  ok &= run_case(DType::bfloat16, 1, 256, 100, 1, 12, 64, 32, 8, 64, 0, 256, 6);
+  for (const bool fallback : {false, true}) {
+    if (fallback) setenv("JAX_TOPK_NSA_NO_WGMMA", "1", 1);
+    std::printf("%s\n", fallback ? "mma.sync kernel (JAX_TOPK_NSA_NO_WGMMA):" : "kernel as dispatched:");
+    if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+      ok &= bench(16384) && bench(65536);
+      continue;
+    }
+    //                  dtype          B  rows  T    Hkv G   D   l   d   l'  start chunk seed
+    ok &= run_case(DType::bfloat16, 1, 1280, 1201, 2, 16, 128, 32, 16, 64, 0, 1280, 1);
+    ok &= run_case(DType::bfloat16, 2, 640, 600, 1, 16, 128, 32, 16, 64, 320, 320, 2);
+    ok &= run_case(DType::float16, 1, 512, 500, 2, 4, 64, 16, 16, 64, 0, 512, 3);
+    ok &= run_case(DType::bfloat16, 1, 768, 700, 1, 1, 64, 64, 16, 64, 256, 512, 4);
+    ok &= run_case(DType::float16, 1, 768, 768, 2, 8, 128, 24, 8, 64, 0, 768, 5);
+    ok &= run_case(DType::bfloat16, 1, 256, 100, 1, 12, 64, 32, 8, 64, 0, 256, 6);
+    ok &= run_case(DType::float16, 1, 1024, 1000, 2, 16, 128, 32, 16, 64, 0, 1024, 7);
+    ok &= run_case(DType::bfloat16, 1, 4096, 4000, 1, 9, 128, 32, 16, 64, 1024, 2048, 8);
+    ok &= run_case(DType::bfloat16, 1, 512, 512, 1, 16, 64, 16, 8, 16, 0, 512, 9);
+  }
   std::printf(ok ? "all passed\n" : "FAILED\n");
   return ok ? 0 : 1;
 }
