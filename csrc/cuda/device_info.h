@@ -20,14 +20,16 @@ struct DeviceInfo {
   bool clusters = false;  // thread-block clusters (compute capability 9.0 and newer)
   bool bulk_copies = false;  // cp.async.bulk and mbarrier transaction counts (the same chips)
   bool dependent_launches = false;  // programmatic dependent launch (dependent_launch.cuh; the same chips)
+  bool sm90a_code = false;  // runs arch-specific sm_90a code (wgmma.cuh): compute capability 9.0 exactly
 };
 
 inline gpuError_t read_device(int device, DeviceInfo* info) {
-  int sms = 0, l2 = 0, major = 0, shared = 0;
+  int sms = 0, l2 = 0, major = 0, minor = 0, shared = 0;
   gpuError_t err;
   if ((err = gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, device)) != gpuSuccess) return err;
   if ((err = gpuDeviceGetAttribute(&l2, gpuDevAttrL2CacheSize, device)) != gpuSuccess) return err;
   if ((err = gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, device)) != gpuSuccess) return err;
+  if ((err = gpuDeviceGetAttribute(&minor, gpuDevAttrComputeCapabilityMinor, device)) != gpuSuccess) return err;
   if ((err = gpuDeviceGetAttribute(&shared, gpuDevAttrMaxSharedMemoryPerBlockOptin, device)) != gpuSuccess) return err;
   info->device = device;
   info->sm_count = sms > 0 ? sms : 1;
@@ -35,6 +37,7 @@ inline gpuError_t read_device(int device, DeviceInfo* info) {
   info->max_shared_optin = shared;
 #if defined(JAX_TOPK_HAS_CLUSTERS)
   info->clusters = major >= 9;
+  info->sm90a_code = major == 9 && minor == 0;
 #else
   info->clusters = false;  // (AMD reports gfx9 chips as major 9)
 #endif

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "cuda/device_info.h"
 #include "cuda/mma.cuh"
 #include "cuda/nsa_cuda.h"
 #include "cuda/primitives.cuh"
@@ -63,6 +64,12 @@ __device__ __forceinline__ uint32_t load_pair(const uint16_t* p, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;
 }
 
+// The compressed blocks query t sees (both kernels): i with i*d + l - 1 <= t.
+__device__ __forceinline__ int compressed_blocks_seen(const NsaScoreShape& s, int64_t t) {
+  if (t >= s.q_rows || t + 1 < s.block_size) return 0;
+  return int(min((t + 1 - s.block_size) / s.stride + 1, s.num_blocks));
+}
+
 template <typename T, int kDim, int kHeadTiles>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     nsa_block_scores_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k_cmp,
@@ -85,10 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int width = int(s.width);
   const int blocks_per_step = kStepKeys / per_select;
   const int halo = per_block - 1;
-  const auto seen_keys = [&](int64_t t) -> int {  // compressed blocks i with i*d + l - 1 <= t
-    if (t >= s.q_rows || t + 1 < s.block_size) return 0;
-    return int(min((t + 1 - s.block_size) / s.stride + 1, s.num_blocks));
-  };
+  const auto seen_keys = [&](int64_t t) { return compressed_blocks_seen(s, t); };
   // Steps with a key some query of the block sees (its last query sees most).
   const int steps_seen = (seen_keys(min(start + row0 + kQueriesPerBlock, s.q_rows) - 1) + kStepKeys - 1) / kStepKeys;
   const int steps_out = (width + blocks_per_step - 1) / blocks_per_step;
@@ -307,10 +311,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int width = int(s.width);
   const int blocks_per_step = kStepKeys / per_select;
   const int halo = per_block - 1;
-  const auto seen_keys = [&](int64_t t) -> int {  // compressed blocks i with i*d + l - 1 <= t
-    if (t >= s.q_rows || t + 1 < s.block_size) return 0;
-    return int(min((t + 1 - s.block_size) / s.stride + 1, s.num_blocks));
-  };
+  const auto seen_keys = [&](int64_t t) { return compressed_blocks_seen(s, t); };
   const int steps_seen = (seen_keys(min(start + row0 + kWgBlockQueries, s.q_rows) - 1) + kStepKeys - 1) / kStepKeys;
   const int steps_out = (width + blocks_per_step - 1) / blocks_per_step;
 
@@ -506,14 +507,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 }
 
 // Whether the wgmma kernel runs here: a build with sm_90a code
-// (JAX_TOPK_BUILD_HAS_WGMMA) on a compute capability 9.0 device.
+// (JAX_TOPK_BUILD_HAS_WGMMA) on a device that runs it. JAX_TOPK_NSA_NO_WGMMA
+// is read per call (the standalone test sets it between its two passes).
 inline bool device_runs_wgmma() {
 #if defined(JAX_TOPK_BUILD_HAS_WGMMA)
-  int device = 0, major = 0, minor = 0;
-  if (gpuGetDevice(&device) != gpuSuccess) return false;
-  if (gpuDeviceGetAttribute(&major, gpuDevAttrComputeCapabilityMajor, device) != gpuSuccess) return false;
-  if (gpuDeviceGetAttribute(&minor, gpuDevAttrComputeCapabilityMinor, device) != gpuSuccess) return false;
-  return major == 9 && minor == 0 && std::getenv("JAX_TOPK_NSA_NO_WGMMA") == nullptr;
+  DeviceInfo dev;
+  return query_device(&dev) == gpuSuccess && dev.sm90a_code && std::getenv("JAX_TOPK_NSA_NO_WGMMA") == nullptr;
 #else
   return false;
 #endif
