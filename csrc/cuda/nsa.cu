@@ -325,14 +325,24 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     copy_async_16(base + group * Smem::kQueryTile + swizzle_128b_offset(128, row, chunk), q + at + chunk * 8, valid);
   }
   const uint16_t* keys_bh = k_cmp + (b * s.key_rows * heads + h) * kDim;  // key i at + i * heads * kDim
+  // This thread's key copies, the same every step but for the step's first
+  // key: chunk tid % kChunks of keys tid / kChunks + r * kKeysPerPass. (A
+  // multiple of 8 rows apart, so their swizzled offsets differ by rows * 128.)
+  constexpr int kKeysPerPass = kWgThreads / kChunks;
+  static_assert(kKeysPerPass % 8 == 0 && kStepKeys % kKeysPerPass == 0, "copies a swizzle period apart");
+  const int copy_key = tid / kChunks;
+  const uint32_t copy_offset = swizzle_128b_offset(kStepKeys, copy_key, tid % kChunks);
+  const int64_t key_stride = heads * kDim;
+  const uint16_t* const copy_src = keys_bh + copy_key * key_stride + (tid % kChunks) * 8;
   auto load_step = [&](int step) {  // the step's 64 keys (zeros past key_rows) into its buffer
     const int64_t first = int64_t(step) * kStepKeys;
-    const uint32_t dst = base + Smem::kKeys + uint32_t(step % kKeyBuffers) * Smem::kKeyTile;
-    for (int i = tid; i < kStepKeys * kChunks; i += kWgThreads) {
-      const int key = i / kChunks, chunk = i % kChunks;
-      const bool valid = first + key < s.key_rows;
-      copy_async_16(dst + swizzle_128b_offset(kStepKeys, key, chunk),
-                    keys_bh + (valid ? first + key : 0) * heads * kDim + chunk * 8, valid);
+    const uint32_t dst = base + Smem::kKeys + uint32_t(step % kKeyBuffers) * Smem::kKeyTile + copy_offset;
+    const uint16_t* src = copy_src + first * key_stride;
+#pragma unroll
+    for (int r = 0; r < kStepKeys / kKeysPerPass; ++r) {
+      const bool valid = first + copy_key + r * kKeysPerPass < s.key_rows;
+      copy_async_16(dst + uint32_t(r * kKeysPerPass * 128), valid ? src + r * kKeysPerPass * key_stride : keys_bh,
+                    valid);
     }
   };
   if (steps_seen > 0) load_step(0);
