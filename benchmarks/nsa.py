@@ -158,8 +158,8 @@ def branch_breakdown(t: int, args) -> dict:
         "compress_kv": (lambda a: nsa.compress_kv(a[1], a[2], cfg), (q, k, v)),
         "compressed (kernel, + log-sum-exp)": (
             lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg, interpret=interpret), (q, k_cmp, v_cmp)),
-        "compressed (cuDNN per residue class, + log-sum-exp)": (
-            lambda a: _nsa_cudnn.compressed_attention(*a, cfg, lse_length=lse.shape[1]), (q, k_cmp, v_cmp)),
+        "compressed (cuDNN, shifted queries, + log-sum-exp)": (  # in cuDNN's layout, as nsa_attention runs it
+            lambda a: _nsa_cudnn.compressed_rows(*a, cfg, lse_length=lse.shape[1]), (q, k_cmp, v_cmp)),
         "block scores + select (Pallas kernel + top_k)": (
             lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, interpret=interpret), (q, k_cmp, lse)),
         "block scores + select (CUDA kernel + top_k)": (  # "unavailable: ..." where the kernel is not

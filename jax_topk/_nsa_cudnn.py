@@ -2,18 +2,18 @@
 
 * ``window_attention``: the sliding-window branch is cuDNN's causal
   sliding-window attention as it is.
-* ``compressed_attention``: the compressed branch, with the log-sum-exp the
-  block-score kernel needs, as two causal flash attentions. Query t sees
-  compressed block i iff ``i*d + l - 1 <= t``. Split t = a*d + r (row a,
-  residue r) and write l = m*d (d divides l): the rule becomes ``i <= a - m``
-  for r < d - 1 and ``i <= a - m + 1`` for r = d - 1. So the queries of
-  residues 0 .. d-2, rows a >= m, shifted up by m rows and laid side by side
-  as extra query heads, are plain causal attention over the compressed keys
-  (row a - m sees keys 0 .. a - m), and so are the queries of residue d - 1
-  shifted by m - 1. Every query attends the same keys with the same scores as
-  in the compressed kernel; only the flash kernel is cuDNN's, which measured
-  about twice the Pallas kernel's FLOP rate on an H200
-  (``benchmarks/results/NOTES.md``). Its backward pass is cuDNN's as well.
+* ``compressed_rows``: the compressed branch, with the log-sum-exp the
+  block-score kernel needs, as ONE causal flash attention. Query t sees
+  compressed block i iff ``i*d + l - 1 <= t``; shifted by ``l - 1`` and split
+  into rows of d (``t - l + 1 = a*d + r``) the rule is ``i <= a`` for every
+  residue r, so the shifted queries laid out as d times the query heads are
+  plain top-left causal attention over the compressed keys. Every query
+  attends the same keys with the same scores as in the compressed kernel;
+  only the flash kernel is cuDNN's, which measured about twice the Pallas
+  kernel's FLOP rate on an H200 (``benchmarks/results/NOTES.md``). Its
+  backward pass is cuDNN's as well. The output stays in cuDNN's layout: the
+  selected kernel's gate mix reads it there (``compressed_attention`` gives
+  the branch's ``[B, T, Hq, D]``).
 
 The log-sum-exp comes from ``jax._src.cudnn``'s attention: the public
 ``jax.nn.dot_product_attention(..., return_residual=True)`` rounds it to the
@@ -74,62 +74,66 @@ def window_attention(q, k, v, cfg):
     return out[:, :length]
 
 
-def _causal_rows(attention: Attention, rows, k, v, scale: float):
-    """``attention`` of ``rows [B, L, R, Hq, D]`` (R residues of L query rows,
-    row j seeing keys 0 .. j) over ``k``, ``v`` ``[B, S, Hkv, D]``, the residues
-    laid out as query heads, KV head major: each KV head's ``R * G`` query heads
-    read it (GQA), so the keys are not copied per residue (laying the residues
-    out first and copying the keys measured the same).
-    Returns ``(out [B, L, R, Hq, D], lse [B, L, R, Hq] float32)``."""
-    b, length, residues, q_heads, dim = rows.shape
-    kv_heads = k.shape[2]
+def compressed_rows(q, k_cmp, v_cmp, cfg, *, lse_length: int, attention: Attention = cudnn_causal_attention):
+    """The compressed branch in cuDNN's layout and its log-sum-exp: one causal flash attention.
+
+    Query t sees compressed block i iff ``i*d + l - 1 <= t``. With the query
+    shifted by ``l - 1`` (``t' = t - l + 1 = a*d + r``) that is ``i <= a``: the
+    queries from ``l - 1`` on, cut into rows of d and laid out as d times the
+    query heads (KV head major, so each KV head's ``d * G`` query heads read it
+    by GQA), are top-left causal attention over the compressed keys, square
+    (rows = Nc). q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype.
+
+    Returns ``(rows, lse)``: ``rows [B, R, Hkv*d, G, D]`` in q's dtype, with
+    ``rows[b, a, h*d + r]`` the output of query ``a*d + r + l - 1`` for KV
+    head h's G query heads (R >= Nc: rows past Nc, and queries past T, are
+    padding), or None when T < l (no query sees a block); ``lse [B,
+    lse_length, Hkv, G]`` float32 as ``_nsa_pallas.compressed_attention``
+    gives it: base 2 of the base-2 scores, +inf for queries that see no block
+    and past T. ``rows_to_tokens`` gives the branch's own layout; the selected
+    kernel's gate mix reads ``rows`` as they are (no pass over the output).
+    """
+    b, length, q_heads, dim = q.shape
+    kv_heads = k_cmp.shape[2]
     groups = q_heads // kv_heads
+    d, shift = cfg.stride, cfg.block_size - 1
+    num_blocks = core.num_compressed_blocks(length, cfg.block_size, d)
+    lse_shape = (b, lse_length, kv_heads, groups)
+    if not num_blocks:
+        return None, jnp.full(lse_shape, jnp.inf, jnp.float32)
     # cuDNN's backward pass takes even lengths only. Padded keys come last: a real
-    # row j < S never sees them, and padded rows are dropped.
-    even = lambda x: jnp.pad(x, [(0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)])
-    heads = rows.reshape(b, length, residues, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
-    out, lse = attention(even(heads.reshape(b, length, kv_heads * residues * groups, dim)), even(k), even(v), scale)
-    out = out[:, :length].reshape(b, length, kv_heads, residues, groups, dim).transpose(0, 1, 3, 2, 4, 5)
-    lse = lse[:, :length].reshape(b, length, kv_heads, residues, groups).transpose(0, 1, 3, 2, 4)
-    return out.reshape(rows.shape), lse.reshape(rows.shape[:4]).astype(jnp.float32)
+    # row j < Nc never sees them, and padded rows are never read.
+    rows = num_blocks + num_blocks % 2
+    shifted = jnp.pad(q[:, shift:], [(0, 0), (0, rows * d - (length - shift)), (0, 0), (0, 0)])
+    heads = shifted.reshape(b, rows, d, kv_heads, groups, dim).transpose(0, 1, 3, 2, 4, 5)
+    even = lambda x: jnp.pad(x, [(0, 0), (0, rows - num_blocks), (0, 0), (0, 0)])
+    out, lse = attention(heads.reshape(b, rows, kv_heads * d * groups, dim), even(k_cmp), even(v_cmp),
+                         cfg.softmax_scale(dim))
+    lse = lse.reshape(b, rows, kv_heads, d, groups).transpose(0, 1, 3, 2, 4).reshape(b, rows * d, kv_heads, groups)
+    lse = lse[:, :length - shift].astype(jnp.float32) * math.log2(math.e)
+    lse = jnp.pad(lse, [(0, 0), (shift, lse_length - length), (0, 0), (0, 0)], constant_values=jnp.inf)
+    return out.astype(q.dtype).reshape(b, rows, kv_heads * d, groups, dim), lse
 
 
-def _by_row_and_residue(rest, last, first_rows: int, fill):
-    """``[B, A, d, ...]`` from the rows a >= m of residues 0 .. d-2 (``rest``,
-    A - m rows) and the rows a >= m - 1 of residue d - 1 (``last``), ``fill``
-    everywhere else (queries that see no block). A pad, then ``last`` written
-    in place: XLA writes the result in about one pass (a concatenation of the
-    two measured 4x slower on an H200: benchmarks/results/NOTES.md)."""
-    widths = [(0, 0), (first_rows, 0), (0, 1)] + [(0, 0)] * (rest.ndim - 3)
-    return jnp.pad(rest, widths, constant_values=fill).at[:, first_rows - 1:, -1:].set(last)
+def rows_to_tokens(rows, cfg, q_shape: tuple[int, ...]):
+    """``compressed_rows``' output in the branch's layout ``[B, T, Hq, D]``
+    (zeros for the queries before ``l - 1``, which see no block)."""
+    b, length, q_heads, dim = q_shape
+    d, shift = cfg.stride, cfg.block_size - 1
+    if rows is None:
+        return jnp.zeros(q_shape, jnp.float32)
+    num_rows, kv_heads = rows.shape[1], rows.shape[2] // d
+    tokens = rows.reshape(b, num_rows, kv_heads, d, -1, dim).transpose(0, 1, 3, 2, 4, 5)
+    tokens = tokens.reshape(b, num_rows * d, q_heads, dim)[:, :length - shift]
+    return jnp.pad(tokens, [(0, 0), (shift, 0), (0, 0), (0, 0)])
 
 
 def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
                          attention: Attention = cudnn_causal_attention):
-    """The compressed branch and its log-sum-exp, by causal flash attention per residue class.
+    """The compressed branch and its log-sum-exp by ``compressed_rows``, in the branch's layout.
 
-    q ``[B, T, Hq, D]``; k_cmp, v_cmp ``[B, Nc, Hkv, D]`` in q's dtype. Returns
-    ``(out [B, T, Hq, D] in q's dtype, lse [B, lse_length, Hkv, G] float32)``
-    as ``_nsa_pallas.compressed_attention`` does: the log-sum-exp in base 2 of
-    the base-2 scores, +inf for queries that see no block and past T.
+    Returns ``(out [B, T, Hq, D] in q's dtype, lse [B, lse_length, Hkv, G]
+    float32)`` as ``_nsa_pallas.compressed_attention`` does.
     """
-    b, length, q_heads, dim = q.shape
-    kv_heads = k_cmp.shape[2]
-    d, m = cfg.stride, cfg.block_size // cfg.stride
-    lse_shape = (b, lse_length, kv_heads, q_heads // kv_heads)
-    if not core.num_compressed_blocks(length, cfg.block_size, d):  # T < l: no query sees a block
-        return jnp.zeros_like(q), jnp.full(lse_shape, jnp.inf, jnp.float32)
-    rows = -(-length // d)
-    grid = jnp.pad(q, [(0, 0), (0, rows * d - length), (0, 0), (0, 0)]).reshape(b, rows, d, q_heads, dim)
-    run = lambda part: _causal_rows(attention, part, k_cmp, v_cmp, cfg.softmax_scale(dim))
-    last = run(grid[:, m - 1:, d - 1:])  # residue d - 1: row a - m + 1 sees blocks 0 .. a - m + 1
-    if d > 1 and rows > m:  # residues 0 .. d-2: row a - m sees blocks 0 .. a - m
-        rest = run(grid[:, m:, :d - 1])
-    else:
-        rest = (jnp.zeros((b, rows - m, d - 1, q_heads, dim), q.dtype),
-                jnp.zeros((b, rows - m, d - 1, q_heads), jnp.float32))
-    out = _by_row_and_residue(rest[0].astype(q.dtype), last[0].astype(q.dtype), m, 0)
-    lse = _by_row_and_residue(rest[1], last[1], m, jnp.inf)
-    out = out.reshape(b, rows * d, q_heads, dim)[:, :length]
-    lse = lse.reshape(b, rows * d, *lse_shape[2:])[:, :length] * math.log2(math.e)
-    return out, jnp.pad(lse, [(0, 0), (0, lse_length - length), (0, 0), (0, 0)], constant_values=jnp.inf)
+    rows, lse = compressed_rows(q, k_cmp, v_cmp, cfg, lse_length=lse_length, attention=attention)
+    return rows_to_tokens(rows, cfg, q.shape).astype(q.dtype), lse

@@ -13,8 +13,9 @@ Paths (``NSAConfig.implementation``):
 On a CUDA GPU with bfloat16 or float16 inputs (``"auto"`` or ``"pallas"``),
 cuDNN's flash attention (``_nsa_cudnn``) runs the window branch (18x the
 plain-JAX window on an H200) and, on the kernel path, the compressed branch
-with its log-sum-exp (as causal attention per residue class of the queries;
-about twice the Pallas kernel's FLOP rate, with cuDNN's backward pass), and
+with its log-sum-exp (one causal attention over the queries shifted by
+``l - 1`` and laid out by residue; about twice the Pallas kernel's FLOP rate,
+with cuDNN's backward pass; the gate mix reads its output in cuDNN's layout), and
 the selection scores come from the CUDA block-score kernel (``_nsa_native``)
 where it takes the shapes: ``benchmarks/results/NOTES.md``.
 
@@ -144,7 +145,12 @@ def _selected_mixed_fwd(q, k, v, block_ids, compressed, window, gates, cfg, inte
 
 def _selected_mixed_bwd(cfg, interpret, residuals, cotangent):
     q, k, v, block_ids, compressed, window, gates, selected, lse = residuals
-    mix = functools.partial(mix_branches, dtype=q.dtype)
+
+    def mix(compressed, selected, window, gates):  # compressed in the layout the forward read
+        if compressed.ndim == 5:
+            compressed = cudnn.rows_to_tokens(compressed, cfg, q.shape).astype(q.dtype)
+        return mix_branches(compressed, selected, window, gates, q.dtype)
+
     d_compressed, d_selected, d_window, d_gates = jax.vjp(mix, compressed, selected, window, gates)[1](cotangent)
     dq, dk, dv = kernels.selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, cfg=cfg,
                                                 interpret=interpret)
@@ -190,12 +196,16 @@ def _window(how, q, k, v, *, cfg):
 
 
 def _compressed_and_selection(q, k_cmp, v_cmp, cfg, how: Plan):
-    """``(compressed branch [B, T, Hq, D], selected ids [B, T, Hkv, n])``."""
+    """``(compressed branch, selected ids [B, T, Hkv, n])``: the branch as
+    ``[B, T, Hq, D]``, or on cuDNN's path as ``_nsa_cudnn.compressed_rows``
+    lays it out (which only the selected kernel's gate mix reads)."""
     if not how.kernels:
         return tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=cfg)
-    if how.cudnn_compressed:
-        out, lse = cudnn.compressed_attention(q, k_cmp.astype(q.dtype), v_cmp.astype(q.dtype), cfg,
-                                              lse_length=kernels.padded_length(q.shape[1]))
+    if how.cudnn_compressed:  # the gate mix reads cuDNN's layout where it can: no pass over the output
+        out, lse = cudnn.compressed_rows(q, k_cmp.astype(q.dtype), v_cmp.astype(q.dtype), cfg,
+                                         lse_length=kernels.padded_length(q.shape[1]))
+        if out is None or not kernels.takes_compressed_rows(q.shape[2] // k_cmp.shape[2]):
+            out = cudnn.rows_to_tokens(out, cfg, q.shape).astype(q.dtype)
     else:
         out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
     block_ids = kernels.selection_ids(*map(lax.stop_gradient, (q, k_cmp.astype(q.dtype), lse)), cfg=cfg,

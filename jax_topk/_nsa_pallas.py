@@ -393,16 +393,21 @@ def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, **kw):
 
 
 def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref,
-                           *residual_refs, **kw):
+                           *residual_refs, compressed_from: int, **kw):
     """The selected branch, then ``nsa``'s gate mix of the three branches
     (``_nsa_core.gated_sum``; the selected output rounded to the input dtype
     first, as the branch returns it): one pass over the outputs, not two.
-    With ``residual_refs`` (the VJP's forward) it also writes the selected
-    output and its log-sum-exp."""
+    The compressed output of tokens before ``compressed_from`` is zero (its
+    block, read from ``_nsa_cudnn.compressed_rows``' layout, is another
+    token's). With ``residual_refs`` (the VJP's forward) it also writes the
+    selected output and its log-sum-exp."""
     out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw)
     selected = out.astype(o_ref.dtype)
     gates = [ref[...][:, None] for ref in (g_cmp_ref, g_slc_ref, g_win_ref)]
-    o_ref[...] = core.gated_sum((cmp_ref[...], selected, win_ref[...]), gates, o_ref.dtype)
+    compressed = cmp_ref[...]
+    if compressed_from:
+        compressed = jnp.where(pl.program_id(0) % kw["length"] >= compressed_from, compressed, 0)
+    o_ref[...] = core.gated_sum((compressed, selected, win_ref[...]), gates, o_ref.dtype)
     if residual_refs:
         residual_refs[0][...] = selected
         residual_refs[1][...] = lse
@@ -433,17 +438,42 @@ def _selected_layout(q, k, v, block_ids, select_size: int):
     return rows, padded, ids, _pad_tokens(k, padded), _pad_tokens(v, padded), grouped
 
 
+def _program_token(r, length: int, kv_heads: int):
+    """(b, t, h) of program r of the per-token selected kernels: KV head major, token minor."""
+    bh = r // length
+    return bh // kv_heads, r % length, bh % kv_heads
+
+
 def _token_specs(length: int, kv_heads: int, rows: int, dim: int, padded: int, id_slots: int):
     """Block specs of the per-token selected kernels (a program per (b, t, h),
     KV head major, token minor): ``(ids, group [rows, D], row [rows], keys)``."""
-    def token(r):  # (b, t, h) of program r
-        bh = r // length
-        return bh // kv_heads, r % length, bh % kv_heads
-
+    token = functools.partial(_program_token, length=length, kv_heads=kv_heads)
     return (pl.BlockSpec((None, None, None, id_slots), lambda r: (*token(r), 0)),
             pl.BlockSpec((None, None, None, rows, dim), lambda r: (*token(r), 0, 0)),
             pl.BlockSpec((None, None, None, rows), lambda r: (*token(r), 0)),
             pl.BlockSpec((None, padded, None, dim), lambda r: (token(r)[0], 0, token(r)[2], 0)))
+
+
+def takes_compressed_rows(groups: int) -> bool:
+    """Whether the gate mix reads the compressed branch in
+    ``_nsa_cudnn.compressed_rows``' layout (a row block is one token's G heads:
+    groups of at least the dot's 16 rows, so no padding rows)."""
+    return groups >= _MIN_DOT
+
+
+def _compressed_rows_spec(cfg, length: int, kv_heads: int, rows: int, dim: int):
+    """Block spec of ``compressed_rows``' ``[B, R, Hkv*d, G, D]`` for the
+    per-token kernels: token t reads row ``(t - l + 1) // d``, head block
+    ``h*d + (t - l + 1) % d`` (tokens before ``l - 1`` read row 0, and the
+    kernel zeroes it)."""
+    d, shift = cfg.stride, cfg.block_size - 1
+
+    def index(r):
+        b, t, h = _program_token(r, length, kv_heads)
+        shifted = jnp.maximum(t - shift, 0)
+        return b, shifted // d, h * d + shifted % d, 0, 0
+
+    return pl.BlockSpec((None, None, None, rows, dim), index)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret", "residuals"))
@@ -452,7 +482,8 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     ``[B, T, Hkv, D]``, block_ids int32 ``[B, T, Hkv, n]`` -> ``[B, T, Hq, D]``.
 
     ``mix=(compressed, window, gates)`` (outputs ``[B, T, Hq, D]`` in q's
-    dtype, gates ``[B, T, Hq, 3]``) returns ``nsa_attention``'s output instead:
+    dtype, or the compressed one as ``_nsa_cudnn.compressed_rows`` lays it
+    out, read there; gates ``[B, T, Hq, 3]``) returns ``nsa_attention``'s output instead:
     the three branches weighted by their gates, summed in the compute dtype
     and rounded to q's dtype, by ``_nsa_core.gated_sum`` as on the plain path.
     ``residuals=True`` returns ``(output, selected [B, T, Hq, D], lse)`` for
@@ -476,9 +507,16 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     if mix is not None:
         compressed, window, gates = mix
         gate_columns = [grouped(gates[..., i:i + 1])[..., 0] for i in range(3)]  # [B, T, Hkv, rows] each
-        in_specs += [group_spec, group_spec] + [row_spec] * 3
-        operands += [grouped(compressed), grouped(window)] + gate_columns
-        kernel = functools.partial(_selected_mixed_kernel, **kw)
+        if compressed.ndim == 5:  # compressed_rows' layout
+            if not takes_compressed_rows(groups):
+                raise ValueError(f"compressed rows need groups of at least {_MIN_DOT} query heads, not {groups}")
+            cmp_spec = _compressed_rows_spec(cfg, length, kv_heads, rows, dim)
+            compressed_from = cfg.block_size - 1
+        else:
+            cmp_spec, compressed, compressed_from = group_spec, grouped(compressed), 0
+        in_specs += [cmp_spec, group_spec] + [row_spec] * 3
+        operands += [compressed, grouped(window)] + gate_columns
+        kernel = functools.partial(_selected_mixed_kernel, compressed_from=compressed_from, **kw)
         if residuals:  # the selected output beside the mix
             out_specs.append(group_spec)
             out_shape.append(jax.ShapeDtypeStruct(queries.shape, q.dtype))

@@ -56,8 +56,8 @@ on a CUDA GPU the selected branch is a Pallas (Triton) kernel
 and float16 come from a CUDA tensor-core kernel (``_nsa_native``, for GQA
 groups of at most 16 and head dims 64 and 128; else Pallas); the compressed
 branch is cuDNN's flash attention
-(bfloat16 and float16: causal attention per residue class of the queries,
-``_nsa_cudnn``) or a Pallas kernel (float32), and the window branch is cuDNN's
+(bfloat16 and float16: one causal attention over the queries shifted by
+``l - 1``, ``_nsa_cudnn``) or a Pallas kernel (float32), and the window branch is cuDNN's
 sliding-window flash attention (bfloat16 and float16); elsewhere, and for
 shapes the kernels do not take (head dim, ``Hq/Hkv``, ``l'`` and ``l'/d`` must
 be powers of two), the plain-JAX tiled branches run. All compute the same

@@ -361,6 +361,37 @@ def test_selected_kernel_mixes_the_branches(length):
     np.testing.assert_allclose(got, want, **F32_TOL)
 
 
+@pytest.mark.parametrize("length", [5, 61, 70])
+def test_selected_kernel_reads_compressed_rows(length):
+    """The gate mix reads the compressed branch where ``_nsa_cudnn.compressed_rows``
+    leaves it (here with XLA's attention in cuDNN's place): the same output and
+    gradients as from the branch's own layout, for sequences shorter than a
+    compression block (no rows), with an odd row count (cuDNN's even padding)
+    and an even one."""
+    from jax_topk import _nsa_cudnn, _nsa_dispatch, _nsa_pallas
+
+    case = Case(KERNEL_CFG, 1, length, 32, 2, 16)
+    q, k, v, gates, _ = make_inputs(case, seed=length)
+    k_cmp, v_cmp = nsa.compress_kv(k, v, case.cfg)
+    ids = nsa.select_blocks(nsa.block_scores(q, k_cmp, case.cfg), case.cfg)
+    rows, _ = _nsa_cudnn.compressed_rows(q, k_cmp, v_cmp, case.cfg, lse_length=length,
+                                         attention=_xla_causal_attention)
+    tokens = _nsa_cudnn.rows_to_tokens(rows, case.cfg, q.shape).astype(q.dtype)
+    np.testing.assert_allclose(tokens, nsa.compressed_attention(q, k_cmp, v_cmp, case.cfg), **F32_TOL)
+    if rows is None:
+        return
+    assert _nsa_pallas.takes_compressed_rows(case.q_heads // case.kv_heads)
+    window = jnp.asarray(np.random.default_rng(length).standard_normal(q.shape), q.dtype)
+    cotangent = jnp.asarray(np.random.default_rng(length + 1).standard_normal(q.shape), q.dtype)
+    mixed = lambda compressed, q, g: _nsa_dispatch._selected_mixed_kernel(q, k, v, ids, compressed, window, g,
+                                                                          case.cfg, True)
+    got, pull = jax.vjp(mixed, rows, q, gates)
+    want, want_pull = jax.vjp(lambda rows, q, g: mixed(_nsa_cudnn.rows_to_tokens(rows, case.cfg, q.shape)
+                                                       .astype(q.dtype), q, g), rows, q, gates)
+    np.testing.assert_allclose(got, want, **F32_TOL)  # not bitwise: XLA may contract the interpreted mix to FMAs
+    assert_trees_close(pull(cotangent), want_pull(cotangent), **F32_TOL)
+
+
 @pytest.mark.parametrize("segment_visits", [3, 1024])
 @pytest.mark.parametrize("mixed", [False, True])
 def test_selected_kernel_gradients(monkeypatch, request, segment_visits, mixed):
