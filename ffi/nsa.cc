@@ -1,7 +1,8 @@
 // XLA FFI handler of NSA's selection scores (jax_topk/nsa.h), GPU only:
 // start int32 (its first element: the first query), q [..., T, Hkv, G, D],
 // k_cmp [..., Nk, Hkv, D] (bfloat16 or float16, the same), lse [..., T, Hkv,
-// G] float32 -> scores [..., Hkv, chunk, W] float32; the leading dims (the
+// G] float32 -> scores [..., Hkv, chunk, W] float32 (or, `ranked`, the ranks
+// _nsa_tiled.select gives them: nsa_selection_rank); the leading dims (the
 // batch, and any vmapped axes before it) are items.
 
 #include <string>
@@ -33,7 +34,8 @@ int64_t leading_items(ffi::AnyBuffer::Dimensions dims, size_t trailing) {
 ffi::Error nsa_block_scores_gpu(gpuStream_t stream, ffi::Buffer<ffi::S32> start, ffi::AnyBuffer q,
                                 ffi::AnyBuffer k_cmp, ffi::Buffer<ffi::F32> lse,
                                 ffi::Result<ffi::Buffer<ffi::F32>> scores, int64_t num_blocks, int64_t block_size,
-                                int64_t stride, int64_t select_size, float scale) {
+                                int64_t stride, int64_t select_size, float scale, bool ranked,
+                                int64_t initial_blocks, int64_t local_blocks) {
   const auto qd = q.dimensions(), kd = k_cmp.dimensions(), ld = lse.dimensions(), sd = scores->dimensions();
   const int64_t batch = leading_items(qd, 4);
   if (batch < 0) return nsa_error("q " + ffi_util::shape_string(qd) + " must be [..., T, Hkv, G, D]");
@@ -83,6 +85,13 @@ ffi::Error nsa_block_scores_gpu(gpuStream_t stream, ffi::Buffer<ffi::S32> start,
   s.stride = stride;
   s.select_size = select_size;
   s.scale = scale;
+  if (ranked && (initial_blocks < 0 || local_blocks < 0)) {
+    return nsa_error("initial_blocks=" + std::to_string(initial_blocks) + " and local_blocks=" +
+                     std::to_string(local_blocks) + " must be >= 0");
+  }
+  s.ranked = ranked;
+  s.initial_blocks = initial_blocks;
+  s.local_blocks = local_blocks;
   return ffi_util::gpu_status(kOp, cuda::nsa_block_scores(*dtype, q.untyped_data(), k_cmp.untyped_data(),
                                                           lse.typed_data(), start.typed_data(), s,
                                                           scores->typed_data(), stream));
@@ -103,6 +112,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxTopkNsaBlockScoresGpu, jax_topk::nsa_block_scor
                                   .Attr<int64_t>("block_size")
                                   .Attr<int64_t>("stride")
                                   .Attr<int64_t>("select_size")
-                                  .Attr<float>("scale"),
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("ranked")
+                                  .Attr<int64_t>("initial_blocks")
+                                  .Attr<int64_t>("local_blocks"),
                               {ffi::Traits::kCmdBufferCompatible});
 #endif  // JAX_TOPK_PLATFORM_GPU

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_topk import _nsa_tiled as tiled
 from jax_topk import _registry
 
 _OP = "nsa_block_scores"
@@ -31,13 +32,17 @@ def unsupported(cfg, dtype, groups: int, dim: int) -> str | None:
                                                   cfg.select_size)
 
 
-def block_scores(start, queries, k_cmp, lse, *, cfg, num_blocks: int, chunk: int, width: int, scale: float):
+def block_scores(start, queries, k_cmp, lse, *, cfg, num_blocks: int, chunk: int, width: int, scale: float,
+                 ranked: bool = False):
     """Selection scores ``[B, Hkv, chunk, width]`` (float32) of queries
     ``start .. start + chunk - 1``: queries ``[B, T', Hkv, G, D]``, k_cmp
     ``[B, Nk, Hkv, D]`` (its first ``num_blocks`` rows real), lse ``[B, T',
     Hkv, G]`` (base 2), ``scale`` the base-2 score scale. Blocks past what a
-    query sees score 0. Under vmap the mapped axes become more items (one call).
-    Raises ValueError, with ``unsupported``'s reason, for what the kernel cannot take.
+    query sees score 0. ``ranked``: what ``_nsa_tiled.rank_blocks`` makes of
+    them instead (blocks after the query -inf, forced blocks +inf), written
+    by the kernel, so that ``top_k`` takes them as they are. Under vmap the
+    mapped axes become more items (one call). Raises ValueError, with
+    ``unsupported``'s reason, for what the kernel cannot take.
     """
     kv_heads, groups, dim = queries.shape[-3:]
     why = unsupported(cfg, queries.dtype, groups, dim)
@@ -46,9 +51,14 @@ def block_scores(start, queries, k_cmp, lse, *, cfg, num_blocks: int, chunk: int
                          f"{np.dtype(queries.dtype).name}: {why}")
     out = jax.ShapeDtypeStruct(queries.shape[:-4] + (kv_heads, chunk, width), jnp.float32)
     if num_blocks == 0:  # shorter than one compression block: nothing is seen (and no keys to pass)
-        return jnp.zeros(out.shape, out.dtype)
+        scores = jnp.zeros(out.shape, out.dtype)
+        if not ranked:
+            return scores
+        positions = jnp.reshape(start, ()).astype(jnp.int32) + jnp.arange(chunk, dtype=jnp.int32)
+        return tiled.rank_blocks(scores, positions, cfg)
     target = _registry.kernel_target(_OP, "cuda", queries.dtype)
     call = jax.ffi.ffi_call(target, out, vmap_method="broadcast_all")
     return call(jnp.reshape(start, (1,)).astype(jnp.int32), queries, k_cmp, lse.astype(jnp.float32),
                 num_blocks=np.int64(num_blocks), block_size=np.int64(cfg.block_size), stride=np.int64(cfg.stride),
-                select_size=np.int64(cfg.select_size), scale=np.float32(scale))
+                select_size=np.int64(cfg.select_size), scale=np.float32(scale), ranked=bool(ranked),
+                initial_blocks=np.int64(cfg.initial_blocks), local_blocks=np.int64(cfg.local_blocks))

@@ -325,7 +325,8 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool =
     ``lse`` is ``compressed_attention``'s. Queries run in chunks of
     ``_SELECTION_CHUNK`` under ``lax.map``: each chunk's scores
     ``[B, Hkv, chunk, Ns']`` are made, ranked by ``_nsa_tiled.select``
-    (through ``jax_topk.top_k``) and dropped, so no ``[T, Ns]`` array exists.
+    (through ``jax_topk.top_k``; the CUDA kernel writes the ranks itself)
+    and dropped, so no ``[T, Ns]`` array exists.
     ``Ns'`` pads Ns to whole steps; ``select`` ranks blocks after the query
     -inf, the padding included. ``native``: the scores by the CUDA kernel of
     ``_nsa_native`` (where ``_nsa_native.unsupported`` is None) instead of
@@ -340,15 +341,15 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool =
     k_padded = k_cmp if native else _pad_tokens(k_cmp, steps * keys_per_step)
 
     def one_chunk(start):
-        if native:
-            scores = native_scores.block_scores(start, queries, k_padded, lse, cfg=cfg, num_blocks=k_cmp.shape[1],
+        positions = (start + jnp.arange(chunk, dtype=jnp.int32))[None, None, :]
+        if native:  # the kernel writes the ranks: no pass over the scores before top_k
+            ranked = native_scores.block_scores(start, queries, k_padded, lse, cfg=cfg, num_blocks=k_cmp.shape[1],
                                                 chunk=chunk, width=steps * blocks_per_step,
-                                                scale=_score_scale(cfg.softmax_scale(dim)))
-        else:
-            scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
-                                         num_blocks=k_cmp.shape[1], interpret=interpret)
-        positions = start + jnp.arange(chunk, dtype=jnp.int32)
-        return tiled.select(scores, positions[None, None, :], cfg)  # [B, Hkv, chunk, n]
+                                                scale=_score_scale(cfg.softmax_scale(dim)), ranked=True)
+            return tiled.select_ranked(ranked, positions, cfg)  # [B, Hkv, chunk, n]
+        scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
+                                     num_blocks=k_cmp.shape[1], interpret=interpret)
+        return tiled.select(scores, positions, cfg)
 
     ids = jax.lax.map(one_chunk, jnp.arange(0, padded, chunk, dtype=jnp.int32))
     ids = jnp.moveaxis(ids, 0, 2).reshape(batch, kv_heads, padded, -1)[:, :, :length]

@@ -66,6 +66,28 @@ def selection_scores(probs: jax.Array, cfg, num_select: int) -> jax.Array:
                                          cfg.select_size, num_select)
 
 
+def rank_blocks(scores: jax.Array, positions: jax.Array, cfg) -> jax.Array:
+    """What ``select`` ranks block scores ``[..., Ns]`` by: forced blocks
+    (the first ``initial_blocks`` and the ``local_blocks`` ending at the
+    query's own block) +inf, blocks that start after the query -inf, every
+    other its score. ``positions`` broadcast to ``scores.shape[:-1]``."""
+    blocks = jnp.arange(scores.shape[-1], dtype=jnp.int32)
+    own = (positions // cfg.select_size)[..., None]
+    forced = (blocks < cfg.initial_blocks) | (blocks > own - cfg.local_blocks)
+    return jnp.where(blocks <= own, jnp.where(forced, jnp.inf, scores), -jnp.inf)
+
+
+def select_ranked(ranked: jax.Array, positions: jax.Array, cfg) -> jax.Array:
+    """``select`` of ranks ``rank_blocks`` made (or a kernel wrote the same way)."""
+    num_select = ranked.shape[-1]
+    own = (positions // cfg.select_size)[..., None]
+    _, ids = top_k(jax.lax.stop_gradient(ranked), min(cfg.num_selected, num_select))
+    # Fewer causal blocks than n: the remaining picks are future blocks, dropped.
+    ids = jnp.where(ids <= own, ids, -1)
+    missing = cfg.num_selected - ids.shape[-1]
+    return jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, missing)], constant_values=-1)
+
+
 def select(scores: jax.Array, positions: jax.Array, cfg) -> jax.Array:
     """Top-n selection-block ids ``[..., n]`` (int32, -1 for no block) of scores ``[..., Ns]``.
 
@@ -74,17 +96,7 @@ def select(scores: jax.Array, positions: jax.Array, cfg) -> jax.Array:
     ``local_blocks`` ending at the query's own block) rank +inf, blocks that
     start after the query -inf; ``top_k`` breaks ties by lower block index.
     """
-    num_select = scores.shape[-1]
-    blocks = jnp.arange(num_select, dtype=jnp.int32)
-    own = (positions // cfg.select_size)[..., None]
-    causal = blocks <= own
-    forced = (blocks < cfg.initial_blocks) | (blocks > own - cfg.local_blocks)
-    ranked = jnp.where(causal, jnp.where(forced, jnp.inf, scores), -jnp.inf)
-    _, ids = top_k(jax.lax.stop_gradient(ranked), min(cfg.num_selected, num_select))
-    # Fewer causal blocks than n: the remaining picks are future blocks, dropped.
-    ids = jnp.where(ids <= own, ids, -1)
-    missing = cfg.num_selected - ids.shape[-1]
-    return jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, missing)], constant_values=-1)
+    return select_ranked(rank_blocks(scores, positions, cfg), positions, cfg)
 
 
 def selected_tile(start, q, block_ids, k_blocks, v_blocks, scale) -> jax.Array:

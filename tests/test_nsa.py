@@ -627,19 +627,24 @@ def test_gpu_selected_kernel_gradients_across_segments():
 
 def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
     """One chunk's selection scores ``[B, Hkv, chunk, Ns']`` from the CUDA
-    kernel and from the Pallas kernel, on the same inputs."""
-    from jax_topk import _nsa_native, _nsa_pallas
+    kernel and from the Pallas kernel, on the same inputs; and the CUDA
+    kernel's ranks (``ranked=True``), checked here to be exactly
+    ``_nsa_tiled.rank_blocks`` of its scores."""
+    from jax_topk import _nsa_native, _nsa_pallas, _nsa_tiled
 
     padded, kv_heads, dim = lse.shape[1], k_cmp.shape[2], q.shape[3]
     keys_per_step, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, padded)
     queries = _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, kv_heads), padded)
     start = jnp.int32(start)
-    native = _nsa_native.block_scores(start, queries, k_cmp, lse, cfg=cfg, num_blocks=k_cmp.shape[1], chunk=chunk,
-                                      width=steps * blocks_per_step,
-                                      scale=_nsa_pallas._score_scale(cfg.softmax_scale(dim)))
+    native = functools.partial(_nsa_native.block_scores, start, queries, k_cmp, lse, cfg=cfg,
+                               num_blocks=k_cmp.shape[1], chunk=chunk, width=steps * blocks_per_step,
+                               scale=_nsa_pallas._score_scale(cfg.softmax_scale(dim)))
+    scores, ranked = native(), native(ranked=True)
+    positions = start + jnp.arange(chunk, dtype=jnp.int32)
+    np.testing.assert_array_equal(ranked, _nsa_tiled.rank_blocks(scores, positions, cfg))
     pallas = _nsa_pallas._block_scores_chunk(start, queries, _nsa_pallas._pad_tokens(k_cmp, steps * keys_per_step),
                                              lse, cfg=cfg, chunk=chunk, num_blocks=k_cmp.shape[1], interpret=False)
-    return np.asarray(native), np.asarray(pallas)
+    return np.asarray(scores), np.asarray(pallas)
 
 
 @gpu_only

@@ -149,13 +149,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int pool_query = lane / 16;
   const int64_t pool_row = row0 + warp * kQueriesPerWarp + pool_query;  // the output row (chunk-local)
   float* out_row = out + ((b * heads + h) * s.chunk + pool_row) * s.width;
+  const int64_t own = (start + pool_row) / s.select_size;  // the query's selection block
   const float* pool_probs = probs + pool_query * kProbRow + kHalo;
 
   for (int step = 0; step < steps_out; ++step) {
     if (step > steps_seen) {  // nothing seen here nor in the step before: zeros
       for (int j = lane % 16; j < blocks_per_step; j += 16) {
         const int block = step * blocks_per_step + j;
-        if (block < width) out_row[block] = 0.0f;
+        if (block < width) out_row[block] = nsa_selection_rank(s, 0.0f, block, own);
       }
       continue;
     }
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       for (int i = from - halo; i < to; ++i) {
         score = __fadd_rn(score, __fmul_rn(float(min(i + per_block, to) - max(i, from)), pool_probs[i]));
       }
-      out_row[block] = score;
+      out_row[block] = nsa_selection_rank(s, score, block, own);
     }
     __syncwarp();
     // The step's last l/d - 1 sums become the next step's halo.
@@ -369,6 +370,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int pool_query = wt / 16;
   const int64_t pool_row = row0 + wg * kWgQueries + pool_query;  // the output row (chunk-local)
   float* out_row = out + ((b * heads + h) * s.chunk + pool_row) * s.width;
+  const int64_t own = (start + pool_row) / s.select_size;  // the query's selection block
   const float* pool_probs = probs + pool_query * kProbRow + kHalo;
   const uint32_t query_tile = base + wg * Smem::kQueryTile;
 
@@ -448,7 +450,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       for (int o = -halo; o < per_select; ++o) {  // compression block from + o shares this many units
         score = __fadd_rn(score, __fmul_rn(float(min(o + per_block, per_select) - max(o, 0)), from[o]));
       }
-      out_row[block] = score;
+      out_row[block] = nsa_selection_rank(s, score, block, own);
     }
     warpgroup_sync();
     // The step's last l/d - 1 sums become the next step's halo (ordered
@@ -506,7 +508,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   for (int step = steps_seen + 1; step < steps_out; ++step) {  // nothing seen here nor in the step before
     for (int j = wt % 16; j < blocks_per_step; j += 16) {
       const int block = step * blocks_per_step + j;
-      if (block < width) out_row[block] = 0.0f;
+      if (block < width) out_row[block] = nsa_selection_rank(s, 0.0f, block, own);
     }
   }
   copy_async_wait<0>();  // (a chunk whose queries see nothing still loaded its query tiles)

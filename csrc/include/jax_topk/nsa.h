@@ -11,6 +11,7 @@
 // tokens compression block i (tokens [i*d, i*d + l)) shares with it.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "jax_topk/dtypes.h"
@@ -41,7 +42,23 @@ struct NsaScoreShape {
   int64_t chunk = 0, width = 0;
   int64_t block_size = 0, stride = 0, select_size = 0;  // l, d, l'
   float scale = 0;         // the scores' scale, base 2 (softmax scale * log2(e))
+  // Selection ranks instead of scores (nsa_selection_rank), for the forced blocks of NSAConfig.
+  bool ranked = false;
+  int64_t initial_blocks = 0, local_blocks = 0;
 };
+
+// What _nsa_tiled.select ranks block `block` by for a query in selection
+// block `own`: -inf for a block that starts after the query, +inf for a
+// forced one (the first initial_blocks, and the local_blocks ending at own),
+// else its score; the score itself when the call is not `ranked`. Written by
+// the kernel, the ranks go to top_k with no pass of their own.
+JAX_TOPK_HOST_DEVICE inline float nsa_selection_rank(const NsaScoreShape& s, float score, int64_t block,
+                                                     int64_t own) {
+  if (!s.ranked) return score;
+  if (block > own) return -INFINITY;
+  if (block < s.initial_blocks || block > own - s.local_blocks) return INFINITY;
+  return score;
+}
 
 // Why the kernel cannot take (groups, dim, l, d, l'), or nullptr.
 inline const char* nsa_block_scores_unsupported(int64_t groups, int64_t dim, int64_t block_size, int64_t stride,
