@@ -695,21 +695,39 @@ def test_gpu_native_block_scores_under_vmap():
 
 
 @gpu_only
-def test_gpu_nsa_attention_bfloat16_matches_reference():
+@pytest.mark.parametrize("q_heads", [8, 32])
+def test_gpu_nsa_attention_bfloat16_matches_reference(q_heads):
     """The dispatched bfloat16 GPU path (cuDNN's compressed and window branches,
     the Pallas selection and selected kernels) against the reference, forward
-    and gradients, T a multiple of no block size."""
-    from jax_topk import _nsa_dispatch
+    and gradients, T a multiple of no block size; groups of 4 heads (the gate
+    mix reads the compressed branch in its own layout) and of 16 (in cuDNN's)."""
+    from jax_topk import _nsa_dispatch, _nsa_pallas
 
     cfg = nsa.NSAConfig(window=100)
-    q, k, v, g, params = make_inputs(Case(cfg, 1, 1001, 8, 2, 64), jnp.bfloat16, seed=4)
+    q, k, v, g, params = make_inputs(Case(cfg, 1, 1001, q_heads, 2, 64), jnp.bfloat16, seed=4)
     assert _nsa_dispatch.plan(cfg, q.shape, q.dtype, 2, "test").cudnn_compressed
+    assert _nsa_pallas.takes_compressed_rows(q_heads // 2) == (q_heads == 32)
     cotangent = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape), jnp.bfloat16)
     got = output_and_grads(nsa.nsa_attention, cfg, q, k, v, g, params, cotangent)
     want = output_and_grads(nsa.reference, cfg, q, k, v, g, params, cotangent)
     for a, e in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         a, e = np.asarray(a, np.float64), np.asarray(e, np.float64)
         assert np.linalg.norm(a - e) <= 2e-2 * np.linalg.norm(e) + 1e-3
+
+
+@gpu_only
+def test_gpu_nsa_attention_under_vmap():
+    """vmap of the dispatched bfloat16 GPU path over a leading axis (two
+    items; groups of 16 heads, so the gate mix reads cuDNN's layout) equals
+    the items one by one."""
+    cfg = nsa.NSAConfig(window=100)
+    items = [make_inputs(Case(cfg, 1, 600, 32, 2, 64), jnp.bfloat16, seed=seed)[:4] for seed in (7, 8)]
+    stacked = [jnp.stack(parts) for parts in zip(*items)]
+    run = jax.jit(lambda q, k, v, g: nsa.nsa_attention(q, k, v, g, cfg))
+    got = jax.vmap(run)(*stacked)
+    for i, item in enumerate(items):
+        np.testing.assert_allclose(np.asarray(got[i], np.float32), np.asarray(run(*item), np.float32),
+                                   rtol=2e-2, atol=2e-2)
 
 
 @gpu_only
