@@ -115,17 +115,18 @@ def compressed_rows(q, k_cmp, v_cmp, cfg, *, lse_length: int, attention: Attenti
     return out.astype(q.dtype).reshape(b, rows, kv_heads * d, groups, dim), lse
 
 
-def rows_to_tokens(rows, cfg, q_shape: tuple[int, ...]):
+def rows_to_tokens(rows, cfg, q):
     """``compressed_rows``' output in the branch's layout ``[B, T, Hq, D]``
-    (zeros for the queries before ``l - 1``, which see no block)."""
-    b, length, q_heads, dim = q_shape
+    and q's dtype (zeros for the queries before ``l - 1``, which see no
+    block); ``q`` is the queries, or anything with their shape and dtype."""
+    b, length, q_heads, dim = q.shape
     d, shift = cfg.stride, cfg.block_size - 1
     if rows is None:
-        return jnp.zeros(q_shape, jnp.float32)
+        return jnp.zeros(q.shape, q.dtype)
     num_rows, kv_heads = rows.shape[1], rows.shape[2] // d
     tokens = rows.reshape(b, num_rows, kv_heads, d, -1, dim).transpose(0, 1, 3, 2, 4, 5)
     tokens = tokens.reshape(b, num_rows * d, q_heads, dim)[:, :length - shift]
-    return jnp.pad(tokens, [(0, 0), (shift, 0), (0, 0), (0, 0)])
+    return jnp.pad(tokens, [(0, 0), (shift, 0), (0, 0), (0, 0)]).astype(q.dtype)
 
 
 def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
@@ -136,4 +137,4 @@ def compressed_attention(q, k_cmp, v_cmp, cfg, *, lse_length: int,
     float32)`` as ``_nsa_pallas.compressed_attention`` does.
     """
     rows, lse = compressed_rows(q, k_cmp, v_cmp, cfg, lse_length=lse_length, attention=attention)
-    return rows_to_tokens(rows, cfg, q.shape).astype(q.dtype), lse
+    return rows_to_tokens(rows, cfg, q), lse

@@ -148,7 +148,7 @@ def _selected_mixed_bwd(cfg, interpret, residuals, cotangent):
 
     def mix(compressed, selected, window, gates):  # compressed in the layout the forward read
         if compressed.ndim == 5:
-            compressed = cudnn.rows_to_tokens(compressed, cfg, q.shape).astype(q.dtype)
+            compressed = cudnn.rows_to_tokens(compressed, cfg, q)
         return mix_branches(compressed, selected, window, gates, q.dtype)
 
     d_compressed, d_selected, d_window, d_gates = jax.vjp(mix, compressed, selected, window, gates)[1](cotangent)
@@ -205,7 +205,7 @@ def _compressed_and_selection(q, k_cmp, v_cmp, cfg, how: Plan):
         out, lse = cudnn.compressed_rows(q, k_cmp.astype(q.dtype), v_cmp.astype(q.dtype), cfg,
                                          lse_length=kernels.padded_length(q.shape[1]))
         if out is None or not kernels.takes_compressed_rows(q.shape[2] // k_cmp.shape[2]):
-            out = cudnn.rows_to_tokens(out, cfg, q.shape).astype(q.dtype)
+            out = cudnn.rows_to_tokens(out, cfg, q)
     else:
         out, lse = _compressed_kernel(q, k_cmp, v_cmp, cfg, how.interpret)
     block_ids = kernels.selection_ids(*map(lax.stop_gradient, (q, k_cmp.astype(q.dtype), lse)), cfg=cfg,

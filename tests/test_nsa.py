@@ -376,7 +376,7 @@ def test_selected_kernel_reads_compressed_rows(length):
     ids = nsa.select_blocks(nsa.block_scores(q, k_cmp, case.cfg), case.cfg)
     rows, _ = _nsa_cudnn.compressed_rows(q, k_cmp, v_cmp, case.cfg, lse_length=length,
                                          attention=_xla_causal_attention)
-    tokens = _nsa_cudnn.rows_to_tokens(rows, case.cfg, q.shape).astype(q.dtype)
+    tokens = _nsa_cudnn.rows_to_tokens(rows, case.cfg, q)
     np.testing.assert_allclose(tokens, nsa.compressed_attention(q, k_cmp, v_cmp, case.cfg), **F32_TOL)
     if rows is None:
         return
@@ -386,8 +386,8 @@ def test_selected_kernel_reads_compressed_rows(length):
     mixed = lambda compressed, q, g: _nsa_dispatch._selected_mixed_kernel(q, k, v, ids, compressed, window, g,
                                                                           case.cfg, True)
     got, pull = jax.vjp(mixed, rows, q, gates)
-    want, want_pull = jax.vjp(lambda rows, q, g: mixed(_nsa_cudnn.rows_to_tokens(rows, case.cfg, q.shape)
-                                                       .astype(q.dtype), q, g), rows, q, gates)
+    want, want_pull = jax.vjp(lambda rows, q, g: mixed(_nsa_cudnn.rows_to_tokens(rows, case.cfg, q), q, g),
+                              rows, q, gates)
     np.testing.assert_allclose(got, want, **F32_TOL)  # not bitwise: XLA may contract the interpreted mix to FMAs
     assert_trees_close(pull(cotangent), want_pull(cotangent), **F32_TOL)
 
