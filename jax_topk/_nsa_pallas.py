@@ -39,6 +39,7 @@ G <= 128); G below 16 is padded with zero queries in the selected kernel.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -57,9 +58,10 @@ _TOKEN_QUANTUM = 128   # queries are padded to a multiple of this (and of every 
 _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
+_FORCED_TOKENS = 4     # tokens per program of the forced-block pass (they share those blocks)
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
-LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_dq": (4, 3),
-          "selected_dkv": (4, 3)}
+LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_forced": (4, 2),
+          "selected_dq": (4, 3), "selected_dkv": (4, 3)}
 
 
 def _pow2(n: int) -> bool:
@@ -368,33 +370,71 @@ def _selected_block(ids_ref, j, select_size: int, position):
     return start, allowed[None, :]
 
 
-def _selected_rows(ids_ref, q_ref, k_ref, v_ref, *, length, select_size, scale):
+def _forced_slot(cfg, slot: int, own):
+    """The block ``select`` puts in ``slot`` (< initial + local) for a query
+    in selection block ``own``: its forced blocks that start at or before the
+    query, ascending (the first ``initial_blocks``, then the
+    ``local_blocks`` ending at ``own``, each once), then -1."""
+    initial = jnp.minimum(cfg.initial_blocks, own + 1)
+    block = jnp.where(slot < initial, slot, jnp.maximum(own - cfg.local_blocks + 1, cfg.initial_blocks) + slot - initial)
+    return jnp.where(block <= own, block, -1)
+
+
+def _forced_first(cfg, slot_ids, own):
+    """Whether a token's ids begin as ``select`` begins them: ``slot_ids(s)``
+    is the id in slot s, and each of the first ``initial + local`` is
+    ``_forced_slot``'s. Then the forced pass holds those slots and the walk
+    starts after them; otherwise (ids from elsewhere, or NaN scores ranked
+    above the forced blocks) the walk takes every slot and the pass none."""
+    same = True
+    for slot in range(cfg.initial_blocks + cfg.local_blocks):
+        same = same & (slot_ids(slot) == _forced_slot(cfg, slot, own))
+    return same
+
+
+def _selected_rows(ids_ref, q_ref, k_ref, v_ref, forced_refs=(), *, cfg, length, num_ids, scale):
     """The group's ``[rows, D]`` float32 outputs of one (token, KV head), and
     their log-sum-exp ``[rows]`` (base 2, of the base-2 scores; +inf for a row
-    that sees no key): the backward pass's residual."""
+    that sees no key): the backward pass's residual. With ``forced_refs``
+    (``_forced_attention``'s output and log-sum-exp for this token) the walk
+    starts from that state, after the forced slots, where the pass took them."""
     position = pl.program_id(0) % length  # programs run KV head major, token minor
     q = q_ref[...]  # [G, D]
+    first_slot, carry = 0, _initial_carry(*q.shape)
+    if forced_refs:
+        out_ref, lse_ref = forced_refs
+        m = lse_ref[...]
+        carry = (m, jnp.where(m == -jnp.inf, 0.0, 1.0), out_ref[...].astype(jnp.float32))
+        forced = _forced_first(cfg, lambda slot: ids_ref[slot], position // cfg.select_size)
+        # (Not jnp.where of two constants: Triton's lowering makes that an i1 loop bound.)
+        first_slot = forced.astype(jnp.int32) * (cfg.initial_blocks + cfg.local_blocks)
 
     def visit(j, carry):
-        start, allowed = _selected_block(ids_ref, j, select_size, position)
-        scores = _dot(q, k_ref[pl.ds(start, select_size), :].T, q.dtype) * scale
+        start, allowed = _selected_block(ids_ref, j, cfg.select_size, position)
+        scores = _dot(q, k_ref[pl.ds(start, cfg.select_size), :].T, q.dtype) * scale
         scores = jnp.where(allowed, scores, -jnp.inf)
-        return _online_softmax_step(carry, scores, v_ref[pl.ds(start, select_size), :], q.dtype)
+        return _online_softmax_step(carry, scores, v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
 
-    m, l, acc = jax.lax.fori_loop(0, ids_ref.shape[0], visit, _initial_carry(*q.shape))
+    upper = jnp.int32(num_ids) if forced_refs else num_ids  # scf.for's bounds share one type
+    m, l, acc = jax.lax.fori_loop(first_slot, upper, visit, carry)
     lse = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf)
     return acc / jnp.where(l == 0, 1.0, l)[:, None], lse
 
 
-def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, *lse_ref, **kw):
-    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw)
+def _split_refs(refs, forced: bool):
+    """``(forced_refs, rest)``: the forced pass's two inputs come first when there are any."""
+    return (tuple(refs[:2]), refs[2:]) if forced else ((), refs)
+
+
+def _selected_kernel(ids_ref, q_ref, k_ref, v_ref, *refs, forced: bool, **kw):
+    forced_refs, (o_ref, *lse_ref) = _split_refs(refs, forced)
+    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, forced_refs, **kw)
     o_ref[...] = out.astype(o_ref.dtype)
     if lse_ref:
         lse_ref[0][...] = lse
 
 
-def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref,
-                           *residual_refs, compressed_from: int, **kw):
+def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, *refs, forced: bool, compressed_from: int, **kw):
     """The selected branch, then ``nsa``'s gate mix of the three branches
     (``_nsa_core.gated_sum``; the selected output rounded to the input dtype
     first, as the branch returns it): one pass over the outputs, not two.
@@ -402,7 +442,9 @@ def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp
     block, read from ``_nsa_cudnn.compressed_rows``' layout, is another
     token's). With ``residual_refs`` (the VJP's forward) it also writes the
     selected output and its log-sum-exp."""
-    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, **kw)
+    forced_refs, refs = _split_refs(refs, forced)
+    cmp_ref, win_ref, g_cmp_ref, g_slc_ref, g_win_ref, o_ref, *residual_refs = refs
+    out, lse = _selected_rows(ids_ref, q_ref, k_ref, v_ref, forced_refs, **kw)
     selected = out.astype(o_ref.dtype)
     gates = [ref[...][:, None] for ref in (g_cmp_ref, g_slc_ref, g_win_ref)]
     compressed = cmp_ref[...]
@@ -412,6 +454,80 @@ def _selected_mixed_kernel(ids_ref, q_ref, k_ref, v_ref, cmp_ref, win_ref, g_cmp
     if residual_refs:
         residual_refs[0][...] = selected
         residual_refs[1][...] = lse
+
+
+def forced_tokens(cfg) -> int:
+    """Tokens per program of the forced-block pass (``_forced_attention``), 0
+    where it does not run: no forced blocks, or selection blocks too short
+    for a program's tokens to share them (they must lie in one)."""
+    if not cfg.initial_blocks + cfg.local_blocks:
+        return 0
+    tokens = math.gcd(_FORCED_TOKENS, cfg.select_size)
+    return tokens if tokens > 1 else 0
+
+
+def _forced_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, scale):
+    """The forced blocks of ``tokens`` consecutive queries of one (b, KV
+    head), which lie in one selection block and so share them: each block is
+    read once for all, and the tokens' ``tokens * G`` rows make one dot. A
+    token whose ids do not begin as ``select`` begins them takes none
+    (``_forced_first``: its walk takes every slot). Writes each token's
+    normalised output and log-sum-exp (base 2; -inf where it attends nothing)."""
+    tokens, groups, dim = q_ref.shape
+    rows = tokens * groups
+    first = (pl.program_id(0) % num_tiles) * tokens
+    own = first // cfg.select_size
+    q = q_ref[...].reshape(rows, dim)
+    positions = first + jnp.arange(rows, dtype=jnp.int32) // groups
+    forced = _forced_first(cfg, lambda slot: ids_ref[:, slot], own)  # [tokens]
+    row_forced = jnp.broadcast_to(forced[:, None], (tokens, groups)).reshape(rows)
+    keys_in_block = jnp.arange(cfg.select_size, dtype=jnp.int32)
+    carry = _initial_carry(rows, dim)
+    for slot in range(cfg.initial_blocks + cfg.local_blocks):
+        block = _forced_slot(cfg, slot, own)
+        start = jnp.maximum(block, 0) * cfg.select_size
+        scores = _dot(q, k_ref[pl.ds(start, cfg.select_size), :].T, q.dtype) * scale
+        allowed = (row_forced & (block >= 0))[:, None] & (start + keys_in_block[None, :] <= positions[:, None])
+        carry = _online_softmax_step(carry, jnp.where(allowed, scores, -jnp.inf),
+                                     v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
+    m, l, acc = carry
+    o_ref[...] = (acc / jnp.where(l == 0, 1.0, l)[:, None]).reshape(tokens, groups, dim).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), -jnp.inf).reshape(tokens, groups)
+
+
+def _forced_attention(ids, queries, k, v, *, cfg, tokens: int, scale: float, interpret: bool):
+    """The forced-block pass: ``(out [B, T', Hkv, rows, D] in the queries'
+    dtype, lse [B, T', Hkv, rows] float32)`` over ``ids [B, T, Hkv, slots]``
+    and ``queries [B, T, Hkv, rows, D]`` (T' pads T to whole programs), a
+    program per ``tokens`` tokens of one (b, KV head), KV head major.
+
+    Each forced block is gathered once per program instead of once per
+    token: with the default config 3 of a token's 16 blocks (19% of the
+    selected branch's gathers) are forced."""
+    batch, length, kv_heads, rows, dim = queries.shape
+    num_tiles = -(-length // tokens)
+    padded = num_tiles * tokens
+    ids = jnp.pad(ids, [(0, 0), (0, padded - length), (0, 0), (0, 0)], constant_values=-1)
+    queries = _pad_tokens(queries, padded)
+
+    def tile(r):  # (b, tile, h) of program r
+        bh = r // num_tiles
+        return bh // kv_heads, r % num_tiles, bh % kv_heads
+
+    group_spec = pl.BlockSpec((None, tokens, None, rows, dim), lambda r: (*tile(r), 0, 0))
+    row_spec = pl.BlockSpec((None, tokens, None, rows), lambda r: (*tile(r), 0))
+    kv_spec = pl.BlockSpec((None, k.shape[1], None, dim), lambda r: (tile(r)[0], 0, tile(r)[2], 0))
+    return pl.pallas_call(
+        functools.partial(_forced_kernel, cfg=cfg, num_tiles=num_tiles, scale=scale),
+        grid=(batch * kv_heads * num_tiles,),
+        in_specs=[pl.BlockSpec((None, tokens, None, ids.shape[-1]), lambda r: (*tile(r), 0)), group_spec, kv_spec,
+                  kv_spec],
+        out_specs=[group_spec, row_spec],
+        out_shape=[jax.ShapeDtypeStruct(queries.shape, queries.dtype),
+                   jax.ShapeDtypeStruct(queries.shape[:4], jnp.float32)],
+        compiler_params=_compiler("selected_forced"),
+        interpret=interpret,
+    )(ids, queries, k, v)
 
 
 def _selected_layout(q, k, v, block_ids, select_size: int):
@@ -492,6 +608,11 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
 
     Programs run KV head major (token minor), so the programs resident at
     once gather from one head's keys and values, which then stay in L2.
+    Where the config forces blocks, ``_forced_attention`` first reads them
+    once per ``forced_tokens`` tokens (which share them) and each token's
+    walk starts from its state after them. The gathers are bound by L2's
+    bandwidth, not its capacity (H200: 8.3 TB/s of a 9.0 TB/s roof for random
+    16 KB blocks, benchmarks/results/NOTES.md): only fewer bytes help.
     """
     batch, length, q_heads, dim = q.shape
     kv_heads = k.shape[2]
@@ -502,7 +623,12 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     ids_spec, group_spec, row_spec, kv_spec = _token_specs(length, kv_heads, rows, dim, padded, ids.shape[-1])
     in_specs = [ids_spec, group_spec, kv_spec, kv_spec]
     operands = [ids, queries, k, v]
-    kw = dict(length=length, select_size=cfg.select_size, scale=_score_scale(cfg.softmax_scale(dim)))
+    scale = _score_scale(cfg.softmax_scale(dim))
+    kw = dict(cfg=cfg, length=length, num_ids=block_ids.shape[-1], scale=scale, forced=bool(forced_tokens(cfg)))
+    if kw["forced"]:  # the forced blocks once per few tokens; the walk below starts after them
+        in_specs += [group_spec, row_spec]
+        operands += _forced_attention(ids, queries, k, v, cfg=cfg, tokens=forced_tokens(cfg), scale=scale,
+                                      interpret=interpret)
     kernel = functools.partial(_selected_kernel, **kw)
     out_specs, out_shape = [group_spec], [jax.ShapeDtypeStruct(queries.shape, q.dtype)]
     if mix is not None:

@@ -343,6 +343,31 @@ def test_selected_attention_kernel_in_interpret_mode(seed):
             nsa.selected_attention(q, k, v, block_ids, case.cfg), **F32_TOL)
 
 
+@pytest.mark.parametrize("initial,local", [(0, 1), (1, 0), (1, 1), (1, 2), (2, 1), (2, 3), (3, 2)])
+def test_forced_slots_are_what_select_puts_first(initial, local):
+    """The selected kernel's forced-block pass assumes ``select`` puts a
+    token's forced blocks first, ascending, then -1 up to initial + local
+    slots (``_nsa_pallas._forced_slot``): checked on random scores for every
+    selection block of a sequence, and that ``_forced_first`` accepts those
+    ids and refuses them with a NaN score (ranked above the forced blocks)."""
+    from jax_topk import _nsa_pallas
+
+    cfg = nsa.NSAConfig(block_size=4, stride=4, select_size=4, num_selected=6, initial_blocks=initial,
+                        local_blocks=local)
+    slots = initial + local
+    positions = jnp.arange(40, dtype=jnp.int32)  # selection blocks 0 .. 9
+    scores = jnp.asarray(np.random.default_rng(slots).standard_normal((40, 10)), jnp.float32)
+    ids = nsa.select_blocks(scores, cfg, positions=positions)
+    own = positions // cfg.select_size
+    want = jnp.stack([_nsa_pallas._forced_slot(cfg, slot, own) for slot in range(slots)], axis=-1)
+    np.testing.assert_array_equal(ids[:, :slots], want)
+    first = lambda ids: _nsa_pallas._forced_first(cfg, lambda slot: ids[:, slot], own)
+    assert bool(jnp.all(first(ids)))
+    nan_ids = nsa.select_blocks(scores.at[:, 0].set(jnp.nan).at[:, 5].set(jnp.nan), cfg, positions=positions)
+    np.testing.assert_array_equal(first(nan_ids), [bool(jnp.all(n[:slots] == w)) for n, w in zip(nan_ids, want)])
+    assert not bool(jnp.all(first(nan_ids)))
+
+
 @pytest.mark.parametrize("length", [37, 64])
 def test_selected_kernel_mixes_the_branches(length):
     """With the other branches and the gates, the kernel returns
