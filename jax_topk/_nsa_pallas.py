@@ -60,8 +60,10 @@ _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 _FORCED_TOKENS = 4     # tokens per program of the forced-block pass (they share those blocks)
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
+# Every kernel names its launch: a pallas_call without Triton parameters takes jax's default GPU
+# backend, Mosaic GPU in jax 0.10+, which stages whole blocks in shared memory.
 LAUNCH = {"compressed": (4, 3), "block_scores": (4, 2), "selected": (4, 3), "selected_forced": (4, 2),
-          "selected_dq": (4, 3), "selected_dkv": (4, 3)}
+          "selected_dq": (4, 3), "selected_dkv": (4, 3), "sum_segments": (4, 3)}
 
 
 def _pow2(n: int) -> bool:
@@ -835,6 +837,7 @@ def selected_attention_bwd(q, k, v, block_ids, selected, lse, d_selected, *, cfg
         in_specs=[whole(x, num_blocks, 1) for x in (first, dk_parts, dv_parts)],
         out_specs=[one_block(num_blocks)] * 2,
         out_shape=[jax.ShapeDtypeStruct((batch, kv_heads, num_blocks, select_size, dim), jnp.float32)] * 2,
+        compiler_params=_compiler("sum_segments"),
         interpret=interpret,
     )(first, dk_parts, dv_parts)
 

@@ -568,6 +568,64 @@ def test_pallas_implementation_refuses_other_shapes():
 gpu_only = pytest.mark.skipif(TEST_PLATFORM == "cpu", reason="the GPU kernels need JAX_TOPK_TEST_PLATFORM=gpu")
 
 
+def test_pallas_kernels_lower_to_triton_modules_the_verifier_accepts(monkeypatch):
+    """Every NSA Pallas kernel, lowered for CUDA here (no GPU), gives Triton
+    modules that MLIR's verifier accepts, as XLA's Triton parser demands on
+    the GPU. (The forced pass's walk once began at ``jnp.where(forced, 3,
+    0)``, which Triton's lowering made an i1 loop bound: it failed only on
+    the GPU until this check.)"""
+    lowering = pytest.importorskip("jax._src.pallas.triton.lowering")
+    from jax_topk import _nsa_cudnn, _nsa_pallas
+
+    if not hasattr(lowering, "lower_jaxpr_to_triton_module"):
+        pytest.skip("this jax's Pallas Triton lowering has another entry point")
+    checked, failures = [], []
+    lower_module = lowering.lower_jaxpr_to_triton_module
+
+    def lower_and_verify(*args, **kwargs):
+        result = lower_module(*args, **kwargs)
+        checked.append(1)
+        try:
+            result.module.operation.verify()
+        except Exception as error:  # noqa: BLE001 -- the verifier's message is the finding
+            failures.append(str(error)[:800])
+        return result
+
+    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lower_and_verify)
+    cfg = nsa.NSAConfig()
+    batch, length, q_heads, kv_heads, dim = 1, 300, 32, 2, 64
+    f = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+    q, k, k_cmp = f(batch, length, q_heads, dim), f(batch, length, kv_heads, dim), f(batch, 17, kv_heads, dim)
+    ids = jax.ShapeDtypeStruct((batch, length, kv_heads, cfg.num_selected), jnp.int32)
+    padded = _nsa_pallas.padded_length(length)
+    keys_per_step, _, steps = _nsa_pallas._block_layout(cfg, padded)
+    lse = jax.ShapeDtypeStruct((batch, padded, kv_heads, q_heads // kv_heads), jnp.float32)
+    gates = jax.ShapeDtypeStruct((batch, length, q_heads, 3), jnp.bfloat16)
+    rows, _ = jax.eval_shape(lambda q, kc: _nsa_cudnn.compressed_rows(
+        q, kc, kc, cfg, lse_length=length, attention=_xla_causal_attention), q, k_cmp)
+    kernels = {
+        "compressed": lambda q, kc: _nsa_pallas.compressed_attention(q, kc, kc, cfg=cfg),
+        "block scores": lambda q, kc, lse: _nsa_pallas._block_scores_chunk(
+            0, _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, kv_heads), padded),
+            _nsa_pallas._pad_tokens(kc, steps * keys_per_step), lse, cfg=cfg, chunk=padded, num_blocks=17,
+            interpret=False),
+        "selected": lambda q, k, ids: _nsa_pallas.selected_attention(q, k, k, ids, cfg=cfg),
+        "selected, mixed, residuals": lambda q, k, ids, rows, g: _nsa_pallas.selected_attention(
+            q, k, k, ids, (rows, q, g), cfg=cfg, residuals=True),
+        "selected backward": lambda q, k, ids, lse: _nsa_pallas.selected_attention_bwd(
+            q, k, k, ids, q, lse, q, cfg=cfg),
+    }
+    arguments = {"compressed": (q, k_cmp), "block scores": (q, k_cmp, lse), "selected": (q, k, ids),
+                 "selected, mixed, residuals": (q, k, ids, rows, gates),
+                 "selected backward": (q, k, ids, jax.ShapeDtypeStruct((batch, length, kv_heads, 16), jnp.float32))}
+    for name, kernel in kernels.items():
+        before = len(checked)
+        with jax.enable_x64(False):  # as users run (the suite enables x64; there i32 bounds are i64)
+            jax.jit(kernel).trace(*arguments[name]).lower(lowering_platforms=("cuda",))
+        assert len(checked) > before, f"{name}: no Triton module was lowered"
+    assert not failures, "\n\n".join(failures)
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("length", [1000, 4500])
