@@ -594,34 +594,33 @@ def test_pallas_kernels_lower_to_triton_modules_the_verifier_accepts(monkeypatch
     monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lower_and_verify)
     cfg = nsa.NSAConfig()
     batch, length, q_heads, kv_heads, dim = 1, 300, 32, 2, 64
-    f = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)
-    q, k, k_cmp = f(batch, length, q_heads, dim), f(batch, length, kv_heads, dim), f(batch, 17, kv_heads, dim)
-    ids = jax.ShapeDtypeStruct((batch, length, kv_heads, cfg.num_selected), jnp.int32)
+    num_cmp = (length - cfg.block_size) // cfg.stride + 1  # compressed blocks
+    f = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    q, k, k_cmp = f(batch, length, q_heads, dim), f(batch, length, kv_heads, dim), f(batch, num_cmp, kv_heads, dim)
+    ids = f(batch, length, kv_heads, cfg.num_selected, dtype=jnp.int32)
     padded = _nsa_pallas.padded_length(length)
     keys_per_step, _, steps = _nsa_pallas._block_layout(cfg, padded)
-    lse = jax.ShapeDtypeStruct((batch, padded, kv_heads, q_heads // kv_heads), jnp.float32)
-    gates = jax.ShapeDtypeStruct((batch, length, q_heads, 3), jnp.bfloat16)
+    lse = f(batch, padded, kv_heads, q_heads // kv_heads, dtype=jnp.float32)
+    selected_lse = f(batch, length, kv_heads, 16, dtype=jnp.float32)  # the selected kernel's rows
+    gates = f(batch, length, q_heads, 3)
     rows, _ = jax.eval_shape(lambda q, kc: _nsa_cudnn.compressed_rows(
         q, kc, kc, cfg, lse_length=length, attention=_xla_causal_attention), q, k_cmp)
-    kernels = {
-        "compressed": lambda q, kc: _nsa_pallas.compressed_attention(q, kc, kc, cfg=cfg),
-        "block scores": lambda q, kc, lse: _nsa_pallas._block_scores_chunk(
+    kernels = {  # name: (function, its arguments)
+        "compressed": (lambda q, kc: _nsa_pallas.compressed_attention(q, kc, kc, cfg=cfg), (q, k_cmp)),
+        "block scores": (lambda q, kc, lse: _nsa_pallas._block_scores_chunk(
             0, _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, kv_heads), padded),
-            _nsa_pallas._pad_tokens(kc, steps * keys_per_step), lse, cfg=cfg, chunk=padded, num_blocks=17,
-            interpret=False),
-        "selected": lambda q, k, ids: _nsa_pallas.selected_attention(q, k, k, ids, cfg=cfg),
-        "selected, mixed, residuals": lambda q, k, ids, rows, g: _nsa_pallas.selected_attention(
-            q, k, k, ids, (rows, q, g), cfg=cfg, residuals=True),
-        "selected backward": lambda q, k, ids, lse: _nsa_pallas.selected_attention_bwd(
-            q, k, k, ids, q, lse, q, cfg=cfg),
+            _nsa_pallas._pad_tokens(kc, steps * keys_per_step), lse, cfg=cfg, chunk=padded, num_blocks=num_cmp,
+            interpret=False), (q, k_cmp, lse)),
+        "selected": (lambda q, k, ids: _nsa_pallas.selected_attention(q, k, k, ids, cfg=cfg), (q, k, ids)),
+        "selected, mixed, residuals": (lambda q, k, ids, rows, g: _nsa_pallas.selected_attention(
+            q, k, k, ids, (rows, q, g), cfg=cfg, residuals=True), (q, k, ids, rows, gates)),
+        "selected backward": (lambda q, k, ids, lse: _nsa_pallas.selected_attention_bwd(
+            q, k, k, ids, q, lse, q, cfg=cfg), (q, k, ids, selected_lse)),
     }
-    arguments = {"compressed": (q, k_cmp), "block scores": (q, k_cmp, lse), "selected": (q, k, ids),
-                 "selected, mixed, residuals": (q, k, ids, rows, gates),
-                 "selected backward": (q, k, ids, jax.ShapeDtypeStruct((batch, length, kv_heads, 16), jnp.float32))}
-    for name, kernel in kernels.items():
+    for name, (kernel, arguments) in kernels.items():
         before = len(checked)
         with jax.enable_x64(False):  # as users run (the suite enables x64; there i32 bounds are i64)
-            jax.jit(kernel).trace(*arguments[name]).lower(lowering_platforms=("cuda",))
+            jax.jit(kernel).trace(*arguments).lower(lowering_platforms=("cuda",))
         assert len(checked) > before, f"{name}: no Triton module was lowered"
     assert not failures, "\n\n".join(failures)
 
