@@ -115,20 +115,25 @@ def launch_sweep(t: int, args) -> list:
     _, selected, selected_lse = _nsa_pallas.selected_attention(q, k, v, ids, cfg=cfg, residuals=True)
     backward = (lambda a: _nsa_pallas.selected_attention_bwd(*a, cfg=cfg),
                 (q, k, v, ids, selected, selected_lse, jnp.ones_like(selected)))
-    calls = {  # the backward's two launches are swept one at a time, each timing the whole backward
+    forward = (lambda a: _nsa_pallas.selected_attention(*a, cfg=cfg), (q, k, v, ids))
+    calls = {  # a branch's launches are swept one at a time, each timing the whole branch
         "compressed": (lambda a: _nsa_pallas.compressed_attention(*a, cfg=cfg), (q, k_cmp, v_cmp)),
         "block_scores": (lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg), (q, k_cmp, lse)),
-        "selected": (lambda a: _nsa_pallas.selected_attention(*a, cfg=cfg), (q, k, v, ids)),
+        "selected": forward,
+        "selected_forced": forward,
         "selected_dq": backward,
         "selected_dkv": backward,
+        "sum_segments": backward,
     }
+    assert set(calls) == set(_nsa_pallas.LAUNCH), "every Triton launch has its sweep"
     if args.kernels:
         calls = {name: calls[name] for name in args.kernels.split(",")}
     default_launch, default_rows = dict(_nsa_pallas.LAUNCH), _nsa_pallas._COMPRESSED_ROWS
     rows = []
     for kernel, (op, x) in calls.items():
         row_options = (64, 128) if kernel == "compressed" else (default_rows,)
-        warp_options, stage_options = ((2, 4, 8), (2, 3, 4)) if kernel == "selected" else ((4, 8), (1, 2, 3))
+        wide = kernel in ("selected", "selected_forced")
+        warp_options, stage_options = ((2, 4, 8), (2, 3, 4)) if wide else ((4, 8), (1, 2, 3))
         for warps, stages, per_program in itertools.product(warp_options, stage_options, row_options):
             _nsa_pallas.LAUNCH[kernel] = (warps, stages)
             _nsa_pallas._COMPRESSED_ROWS = per_program
