@@ -123,6 +123,15 @@ def _initial_carry(rows: int, dim: int):
             jnp.zeros((rows, dim), jnp.float32))
 
 
+def _finish_softmax(carry, empty_lse: float):
+    """``(out [rows, D], lse [rows])`` of a flash-attention carry: the
+    normalised output (0 for a row that saw no key) and the log-sum-exp (base
+    2), ``empty_lse`` for a row that saw no key."""
+    m, l, acc = carry
+    lse = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), empty_lse)
+    return acc / jnp.where(l == 0, 1.0, l)[:, None], lse
+
+
 def _visible_blocks(last_position, cfg, num_blocks: int):
     """Compressed blocks wholly at or before ``last_position`` (blocks i with i*d + l - 1 <= t)."""
     seen = (jnp.maximum(last_position - (cfg.block_size - 1), -1) + cfg.stride) // cfg.stride
@@ -159,11 +168,10 @@ def _compressed_kernel(q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_tiles, n
         scores = jnp.where(ends[None, :] <= positions[:, None], scores, -jnp.inf)
         return _online_softmax_step(carry, scores, v_ref[pl.ds(start, keys_per_step), :], q.dtype)
 
-    m, l, acc = jax.lax.fori_loop(0, steps, step, _initial_carry(rows, dim))
-    out = acc / jnp.where(l == 0, 1.0, l)[:, None]
-    o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
     # +inf where no block is visible: the block-score pass then gets exp(s - inf) = 0.
-    lse_ref[...] = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf).reshape(tokens, groups)
+    out, lse = _finish_softmax(jax.lax.fori_loop(0, steps, step, _initial_carry(rows, dim)), jnp.inf)
+    o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
+    lse_ref[...] = lse.reshape(tokens, groups)
 
 
 def padded_length(length: int) -> int:
@@ -418,9 +426,7 @@ def _selected_rows(ids_ref, q_ref, k_ref, v_ref, forced_refs=(), *, cfg, length,
         return _online_softmax_step(carry, scores, v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
 
     upper = jnp.int32(num_ids) if forced_refs else num_ids  # scf.for's bounds share one type
-    m, l, acc = jax.lax.fori_loop(first_slot, upper, visit, carry)
-    lse = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf)
-    return acc / jnp.where(l == 0, 1.0, l)[:, None], lse
+    return _finish_softmax(jax.lax.fori_loop(first_slot, upper, visit, carry), jnp.inf)
 
 
 def _split_refs(refs, forced: bool):
@@ -492,9 +498,9 @@ def _forced_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_til
         allowed = (row_forced & (block >= 0))[:, None] & (start + keys_in_block[None, :] <= positions[:, None])
         carry = _online_softmax_step(carry, jnp.where(allowed, scores, -jnp.inf),
                                      v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
-    m, l, acc = carry
-    o_ref[...] = (acc / jnp.where(l == 0, 1.0, l)[:, None]).reshape(tokens, groups, dim).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), -jnp.inf).reshape(tokens, groups)
+    out, lse = _finish_softmax(carry, -jnp.inf)  # -inf: the walk's carry then starts empty
+    o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
+    lse_ref[...] = lse.reshape(tokens, groups)
 
 
 def _forced_attention(ids, queries, k, v, *, cfg, tokens: int, scale: float, interpret: bool):
@@ -512,9 +518,7 @@ def _forced_attention(ids, queries, k, v, *, cfg, tokens: int, scale: float, int
     ids = jnp.pad(ids, [(0, 0), (0, padded - length), (0, 0), (0, 0)], constant_values=-1)
     queries = _pad_tokens(queries, padded)
 
-    def tile(r):  # (b, tile, h) of program r
-        bh = r // num_tiles
-        return bh // kv_heads, r % num_tiles, bh % kv_heads
+    tile = functools.partial(_program_token, length=num_tiles, kv_heads=kv_heads)  # (b, tile, h) of program r
 
     group_spec = pl.BlockSpec((None, tokens, None, rows, dim), lambda r: (*tile(r), 0, 0))
     row_spec = pl.BlockSpec((None, tokens, None, rows), lambda r: (*tile(r), 0))
@@ -558,7 +562,8 @@ def _selected_layout(q, k, v, block_ids, select_size: int):
 
 
 def _program_token(r, length: int, kv_heads: int):
-    """(b, t, h) of program r of the per-token selected kernels: KV head major, token minor."""
+    """(b, t, h) of program r of the per-token selected kernels: KV head major, token minor
+    (with ``length`` the tiles per head, (b, tile, h) of the forced pass's programs)."""
     bh = r // length
     return bh // kv_heads, r % length, bh % kv_heads
 
