@@ -594,14 +594,15 @@ def test_pallas_kernels_lower_to_triton_modules_the_verifier_accepts(monkeypatch
     monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", lower_and_verify)
     cfg = nsa.NSAConfig()
     batch, length, q_heads, kv_heads, dim = 1, 300, 32, 2, 64
-    num_cmp = (length - cfg.block_size) // cfg.stride + 1  # compressed blocks
+    num_cmp = _nsa_core.num_compressed_blocks(length, cfg.block_size, cfg.stride)
     f = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
     q, k, k_cmp = f(batch, length, q_heads, dim), f(batch, length, kv_heads, dim), f(batch, num_cmp, kv_heads, dim)
     ids = f(batch, length, kv_heads, cfg.num_selected, dtype=jnp.int32)
     padded = _nsa_pallas.padded_length(length)
     keys_per_step, _, steps = _nsa_pallas._block_layout(cfg, padded)
     lse = f(batch, padded, kv_heads, q_heads // kv_heads, dtype=jnp.float32)
-    selected_lse = f(batch, length, kv_heads, 16, dtype=jnp.float32)  # the selected kernel's rows
+    rows_per_token = max(q_heads // kv_heads, _nsa_pallas._MIN_DOT)  # the selected kernel's rows
+    selected_lse = f(batch, length, kv_heads, rows_per_token, dtype=jnp.float32)
     gates = f(batch, length, q_heads, 3)
     rows, _ = jax.eval_shape(lambda q, kc: _nsa_cudnn.compressed_rows(
         q, kc, kc, cfg, lse_length=length, attention=_xla_causal_attention), q, k_cmp)
