@@ -31,7 +31,7 @@
 #   sanitize_indexer  compute-sanitizer memcheck, racecheck and synccheck over the indexer
 #              kernels (the GPU tests of one tensor-core shape, and the fused kernels on
 #              random scores: tensor cores and the exact order)
-#   nsa        tests/test_nsa.py on the GPU, and benchmarks/nsa.py: nsa_attention against
+#   nsa        the GPU tests of tests/test_nsa.py (-k gpu_), and benchmarks/nsa.py: nsa_attention against
 #              dense causal attention (cuDNN), forward and forward + backward, T = 8K..64K,
 #              then each NSA piece alone (--branches); benchmarks/nsa.py --tune sweeps the kernels' launches
 #   tests_nsa  tests/test_nsa.py on the GPU alone
@@ -43,6 +43,10 @@
 # At the end every log is gathered into $OUT/logs.txt (the device tool brings
 # back few files). JAX_TOPK_CUDA_ARCHS (e.g. 90-real) builds those
 # architectures only: a quicker build for a development call.
+# JAX_TOPK_SAVE_BUILD=1 also brings the compiled modules back ($OUT/prebuilt: gzipped, with
+# the hash of the C++/CUDA sources they came from); a later call that carries that folder
+# and sets JAX_TOPK_PREBUILT=<it> skips the build (~3 minutes of device time) and runs the
+# checkout's Python against those modules, refusing if the C++/CUDA sources changed since.
 # The package is built first unless every step runs standalone CUDA programs only
 # (selftest, sanitize, kbench, kregimes, phases, lengths, nsa_kernel).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -93,9 +97,33 @@ needs_package=0
 for s in "$@"; do
   case $s in selftest|sanitize|kbench|kregimes|phases|lengths|nsa_kernel) ;; *) needs_package=1 ;; esac
 done
+# What the compiled modules are built from: a later call may reuse them only for the same sources.
+native_sources_hash() {
+  find csrc ffi CMakeLists.txt pyproject.toml -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
+}
 if [[ $needs_package == 1 || $# == 0 ]]; then
-  step build 420 python3 -m pip install --no-build-isolation --no-deps -v "${build_args[@]}" . || { echo "build failed"; exit 1; }
+  if [[ -n ${JAX_TOPK_PREBUILT:-} ]]; then
+    # A device call's build costs ~3 minutes of device time: reuse the modules an earlier call
+    # saved (JAX_TOPK_SAVE_BUILD=1), carried back as JAX_TOPK_PREBUILT=<dir of its prebuilt/>,
+    # and import the checkout itself (PYTHONSAFEPATH above keeps the working directory off
+    # sys.path; PYTHONPATH puts the checkout back on it on purpose).
+    stamp=$(cat "$JAX_TOPK_PREBUILT/sources.txt" 2>/dev/null)
+    if [[ $stamp != "$(native_sources_hash)" ]]; then
+      echo "JAX_TOPK_PREBUILT=$JAX_TOPK_PREBUILT was built from other C++/CUDA sources ($stamp); build instead" \
+        | tee -a "$OUT/summary.txt"; exit 1
+    fi
+    for f in "$JAX_TOPK_PREBUILT"/*.so.gz; do gunzip -c "$f" >"jax_topk/$(basename "${f%.gz}")"; done
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  else
+    step build 420 python3 -m pip install --no-build-isolation --no-deps -v "${build_args[@]}" . || { echo "build failed"; exit 1; }
+  fi
   python3 -m jax_topk --info | tee -a "$OUT/summary.txt"
+  if [[ ${JAX_TOPK_SAVE_BUILD:-0} == 1 && -z ${JAX_TOPK_PREBUILT:-} ]]; then  # 3 files back: 2 modules, their sources' hash
+    mkdir -p "$OUT/prebuilt"
+    module_dir=$(cd /tmp && python3 -c "import jax_topk, os; print(os.path.dirname(jax_topk.__file__))")
+    for f in "$module_dir"/_jax_topk_*.so; do gzip -c "$f" >"$OUT/prebuilt/$(basename "$f").gz"; done
+    native_sources_hash >"$OUT/prebuilt/sources.txt"
+  fi
 fi
 
 for s in "$@"; do
@@ -197,7 +225,8 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
     bench_indexer)
       step bench_indexer 400 python3 benchmarks/indexer.py --out "$OUT" ;;
     tests_nsa)
-      JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 300 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py ;;
+      # The whole file on the GPU outruns 300 s (69 of 120 tests by then, H200, forty-second session).
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 540 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py ;;
     sanitize_indexer)
       for tool in memcheck racecheck synccheck; do
         XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_TOPK_TEST_PLATFORM=gpu step "${tool}_indexer" 400 \
@@ -215,7 +244,8 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed python3 benchmarks/profile_ro
           step "${tool}_nsa" 300 compute-sanitizer --tool "$tool" --error-exitcode 1 /tmp/nsa_block_scores_test
         done ;;
     nsa)
-      JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa 200 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py
+      # The GPU tests only (~230 s on an H200): the whole file is tests_nsa.
+      JAX_TOPK_TEST_PLATFORM=gpu step tests_nsa_gpu 280 pytest -q -p no:warnings -p no:cacheprovider tests/test_nsa.py -k gpu_
       step bench_nsa 500 python3 benchmarks/nsa.py --out "$OUT"
       step bench_nsa_branches 200 python3 benchmarks/nsa.py --branches --seqlens 16384,65536 --out "$OUT" ;;
     *) echo "unknown step $s"; status=1 ;;

@@ -108,7 +108,8 @@ def kernel_inputs(q, k, v, cfg, interpret: bool) -> tuple:
 
 def launch_sweep(t: int, args) -> list:
     """Microseconds of each Pallas kernel alone per Triton launch (``_nsa_pallas.LAUNCH``:
-    num_warps, num_stages; for the compressed kernel also the rows per program)."""
+    num_warps, num_stages; for the compressed kernel also the rows per program, for the
+    forced pass the tokens per program)."""
     cfg = nsa.NSAConfig()
     q, k, v, _, _ = inputs_for(t, args)
     k_cmp, v_cmp, lse, ids = kernel_inputs(q, k, v, cfg, interpret=False)
@@ -128,24 +129,31 @@ def launch_sweep(t: int, args) -> list:
     assert set(calls) == set(_nsa_pallas.LAUNCH), "every Triton launch has its sweep"
     if args.kernels:
         calls = {name: calls[name] for name in args.kernels.split(",")}
-    default_launch, default_rows = dict(_nsa_pallas.LAUNCH), _nsa_pallas._COMPRESSED_ROWS
+    # Each kernel's program size, swept beside its launch: the compressed kernel's query rows and
+    # the forced pass's tokens (module constants of _nsa_pallas, read when a call is traced).
+    sizes = {"compressed": ("_COMPRESSED_ROWS", (64, 128)), "selected_forced": ("_FORCED_TOKENS", (4, 8, 16))}
+    default_launch = dict(_nsa_pallas.LAUNCH)
+    defaults = {name: getattr(_nsa_pallas, name) for name, _ in sizes.values()}
     rows = []
     for kernel, (op, x) in calls.items():
-        row_options = (64, 128) if kernel == "compressed" else (default_rows,)
+        size_name, size_options = sizes.get(kernel, (None, (None,)))
         wide = kernel in ("selected", "selected_forced")
         warp_options, stage_options = ((2, 4, 8), (2, 3, 4)) if wide else ((4, 8), (1, 2, 3))
-        for warps, stages, per_program in itertools.product(warp_options, stage_options, row_options):
+        for warps, stages, size in itertools.product(warp_options, stage_options, size_options):
             _nsa_pallas.LAUNCH[kernel] = (warps, stages)
-            _nsa_pallas._COMPRESSED_ROWS = per_program
+            if size_name:
+                setattr(_nsa_pallas, size_name, size)
             jax.clear_caches()  # the launch is read when a call is traced
             try:
                 us = _bench.measure(op, [x], args.repeats).seconds * 1e6
             except Exception as e:  # a launch Triton cannot compile (shared memory, registers)
                 us = f"failed: {type(e).__name__}: {str(e)[:160]}"
-            rows.append({"kernel": kernel, "num_warps": warps, "num_stages": stages, "rows": per_program, "us": us})
+            rows.append({"kernel": kernel, "num_warps": warps, "num_stages": stages,
+                         "rows": _nsa_pallas._COMPRESSED_ROWS, "tokens": _nsa_pallas._FORCED_TOKENS, "us": us})
             print(rows[-1], flush=True)
         _nsa_pallas.LAUNCH.update(default_launch)
-        _nsa_pallas._COMPRESSED_ROWS = default_rows
+        for name, value in defaults.items():
+            setattr(_nsa_pallas, name, value)
     jax.clear_caches()
     return rows
 

@@ -58,7 +58,7 @@ _TOKEN_QUANTUM = 128   # queries are padded to a multiple of this (and of every 
 _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
-_FORCED_TOKENS = 4     # tokens per program of the forced-block pass (they share those blocks)
+_FORCED_TOKENS = 4     # tokens per program of the forced-block pass, which share those blocks (8, 16: slower)
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
 # Every kernel names its launch: a pallas_call without Triton parameters takes jax's default GPU
 # backend, Mosaic GPU in jax 0.10+, which stages whole blocks in shared memory.
@@ -632,6 +632,7 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     operands = [ids, queries, k, v]
     scale = _score_scale(cfg.softmax_scale(dim))
     kw = dict(cfg=cfg, length=length, num_ids=block_ids.shape[-1], scale=scale, forced=bool(forced_tokens(cfg)))
+    forced_at = len(operands)  # where the forced pass's output and log-sum-exp go among the operands
     if kw["forced"]:  # the forced blocks once per few tokens; the walk below starts after them
         in_specs += [group_spec, row_spec]
         operands += _forced_attention(ids, queries, k, v, cfg=cfg, tokens=forced_tokens(cfg), scale=scale,
@@ -657,12 +658,20 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     if residuals:
         out_specs.append(row_spec)
         out_shape.append(jax.ShapeDtypeStruct(queries.shape[:4], jnp.float32))
+    # Each program reads its token's forced state before it writes the token's output, so the walk's
+    # outputs may take the pass's buffers (where T is whole programs of the pass): 1 GiB less at 64K.
+    aliases = {}
+    if kw["forced"] and operands[forced_at].shape == queries.shape:
+        aliases[forced_at] = 0
+        if residuals:
+            aliases[forced_at + 1] = len(out_shape) - 1
     outs = pl.pallas_call(
         kernel,
         grid=(batch * kv_heads * length,),
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=_compiler("selected"),
         interpret=interpret,
     )(*operands)
