@@ -158,6 +158,15 @@ def launch_sweep(t: int, args) -> list:
     return rows
 
 
+def forced_pass(q, k, v, ids, cfg, interpret: bool):
+    """The selected branch's forced-block pass alone (``_nsa_pallas._forced_attention``),
+    on the operands ``selected_attention`` gives it."""
+    _, _, padded_ids, k, v, grouped = _nsa_pallas._selected_layout(q, k, v, ids, cfg.select_size)
+    scale = _nsa_pallas._score_scale(cfg.softmax_scale(q.shape[-1]))
+    return _nsa_pallas._forced_attention(padded_ids, grouped(q), k, v, cfg=cfg, tokens=_nsa_pallas.forced_tokens(cfg),
+                                         scale=scale, interpret=interpret)
+
+
 def branch_breakdown(t: int, args) -> dict:
     """Forward time of each NSA piece alone at length t (microseconds): what
     ``nsa_attention`` runs here (``_nsa_dispatch.plan``), and with ``--plain``
@@ -178,6 +187,7 @@ def branch_breakdown(t: int, args) -> dict:
         "block scores + select (CUDA kernel + top_k)": (  # "unavailable: ..." where the kernel is not
             lambda a: _nsa_pallas.selection_ids(*a, cfg=cfg, native=True), (q, k_cmp, lse)),
         "selected (dispatched)": (lambda a: nsa.selected_attention(*a, cfg), (q, k, v, ids)),
+        "selected: its forced-block pass alone": (lambda a: forced_pass(*a, cfg, interpret), (q, k, v, ids)),
         "window (dispatched)": (lambda a: nsa.sliding_window_attention(*a, cfg), (q, k, v)),
     }
     if args.plain:
