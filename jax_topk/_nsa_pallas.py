@@ -39,6 +39,7 @@ G <= 128); G below 16 is padded with zero queries in the selected kernel.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -58,6 +59,7 @@ _TOKEN_QUANTUM = 128   # queries are padded to a multiple of this (and of every 
 _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
+_WIDTH_RUNS = 8        # at most this many score widths in selection_ids (one lax.map each)
 _FORCED_TOKENS = 4     # tokens per program of the forced-block pass, which share those blocks (8, 16: slower)
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
 # Every kernel names its launch: a pallas_call without Triton parameters takes jax's default GPU
@@ -299,10 +301,13 @@ def _block_score_kernel(start_ref, q_ref, k_ref, lse_ref, own_ref, spill_ref, s_
     jax.lax.fori_loop(visible, steps, zeros, carry)
 
 
-def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, interpret):
-    """Selection scores ``[B, Hkv, chunk, Ns']`` (float32) of queries ``start .. start + chunk``."""
+def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, interpret, steps=None):
+    """Selection scores ``[B, Hkv, chunk, steps * Bs]`` (float32) of queries
+    ``start .. start + chunk``: the first ``steps`` steps of blocks (all of
+    them by default; at least ``_chunk_steps``' for the chunk)."""
     batch, padded, kv_heads, groups, dim = queries.shape
-    keys_per_step, blocks_per_step, steps = _block_layout(cfg, padded)
+    keys_per_step, blocks_per_step, all_steps = _block_layout(cfg, padded)
+    steps = all_steps if steps is None else steps
     tokens = _SCORE_TOKENS
     num_tiles = chunk // tokens
     own, spill = _selection_weights(cfg, keys_per_step, blocks_per_step)
@@ -330,6 +335,21 @@ def _block_scores_chunk(start, queries, k_cmp, lse, *, cfg, chunk, num_blocks, i
     )(jnp.reshape(start, (1,)).astype(jnp.int32), queries, k_cmp, lse, own, spill)
 
 
+def _chunk_steps(cfg, starts, chunk: int, blocks_per_step: int, steps: int) -> list[int]:
+    """How many of the ``steps`` steps of ``blocks_per_step`` selection blocks
+    each chunk of queries (from each of ``starts``) scores and ranks: those up
+    to its last query's own block (no query of the chunk can select a later
+    one: ``select`` ranks them -inf), rounded up to a multiple of ``steps /
+    _WIDTH_RUNS`` so that few widths occur. At 64K tokens that is 576 of the
+    1024 blocks per chunk on average."""
+    quantum = -(-steps // _WIDTH_RUNS)
+    widths = []
+    for start in starts:
+        needed = -(-((start + chunk - 1) // cfg.select_size + 1) // blocks_per_step)
+        widths.append(min(steps, -(-needed // quantum) * quantum))
+    return widths
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "interpret", "native"))
 def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool = False):
     """Selected block ids ``[B, T, Hkv, n]`` from the block-score kernel.
@@ -340,9 +360,10 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool =
     (through ``jax_topk.top_k``; the CUDA kernel writes the ranks itself)
     and dropped, so no ``[T, Ns]`` array exists.
     ``Ns'`` pads Ns to whole steps; ``select`` ranks blocks after the query
-    -inf, the padding included. ``native``: the scores by the CUDA kernel of
-    ``_nsa_native`` (where ``_nsa_native.unsupported`` is None) instead of
-    the Pallas one.
+    -inf, the padding included; each chunk scores and ranks only the steps
+    its queries can see (``_chunk_steps``). ``native``: the scores by the
+    CUDA kernel of ``_nsa_native`` (where ``_nsa_native.unsupported`` is
+    None) instead of the Pallas one.
     """
     batch, length, q_heads, dim = q.shape
     kv_heads = k_cmp.shape[2]
@@ -352,7 +373,7 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool =
     queries = _pad_tokens(core.group_queries(q, kv_heads), padded)
     k_padded = k_cmp if native else _pad_tokens(k_cmp, steps * keys_per_step)
 
-    def one_chunk(start):
+    def one_chunk(start, steps):  # the chunk's blocks in its first `steps` steps: all it can see
         positions = (start + jnp.arange(chunk, dtype=jnp.int32))[None, None, :]
         if native:  # the kernel writes the ranks: no pass over the scores before top_k
             ranked = native_scores.block_scores(start, queries, k_padded, lse, cfg=cfg, num_blocks=k_cmp.shape[1],
@@ -360,10 +381,16 @@ def selection_ids(q, k_cmp, lse, *, cfg, interpret: bool = False, native: bool =
                                                 scale=_score_scale(cfg.softmax_scale(dim)), ranked=True)
             return tiled.select_ranked(ranked, positions, cfg)  # [B, Hkv, chunk, n]
         scores = _block_scores_chunk(start, queries, k_padded, lse, cfg=cfg, chunk=chunk,
-                                     num_blocks=k_cmp.shape[1], interpret=interpret)
+                                     num_blocks=k_cmp.shape[1], interpret=interpret, steps=steps)
         return tiled.select(scores, positions, cfg)
 
-    ids = jax.lax.map(one_chunk, jnp.arange(0, padded, chunk, dtype=jnp.int32))
+    # Chunks of equal width (consecutive: widths grow with the queries) share one lax.map.
+    starts = range(0, padded, chunk)
+    widths = _chunk_steps(cfg, starts, chunk, blocks_per_step, steps)
+    runs = itertools.groupby(zip(starts, widths), key=lambda pair: pair[1])
+    ids = jnp.concatenate([jax.lax.map(functools.partial(one_chunk, steps=run_steps),
+                                       jnp.asarray([start for start, _ in run], jnp.int32))
+                           for run_steps, run in runs])
     ids = jnp.moveaxis(ids, 0, 2).reshape(batch, kv_heads, padded, -1)[:, :, :length]
     return jnp.swapaxes(ids, 1, 2)
 

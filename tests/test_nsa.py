@@ -494,21 +494,45 @@ def test_pallas_implementation_matches_reference(length, batch, compression):
     assert_trees_close(got, want, **F32_TOL)
 
 
-def test_pallas_selection_runs_in_chunks(monkeypatch):
-    """Queries past the first block-score chunk (lax.map over chunks): the
-    selection equals the plain path's."""
+@pytest.mark.parametrize("length,chunks,widths", [(300, 3, 2), (1100, 9, 5)])
+def test_pallas_selection_runs_in_chunks(monkeypatch, length, chunks, widths):
+    """Queries past the first block-score chunk (lax.map over chunks, each
+    scoring only the steps of blocks its queries see: runs of chunks of equal
+    width): the selection equals the plain path's."""
     from jax_topk import _nsa_pallas, _nsa_tiled
 
     monkeypatch.setattr(_nsa_pallas, "_SELECTION_CHUNK", 128)
     jax.clear_caches()  # the chunk is read when a call is traced
-    q, k, v, _, _ = make_inputs(Case(KERNEL_CFG, 1, 300, 2, 1, 16))
+    q, k, v, _, _ = make_inputs(Case(KERNEL_CFG, 1, length, 2, 1, 16))
     k_cmp, v_cmp = nsa.compress_kv(k, v, KERNEL_CFG)
     _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=KERNEL_CFG, interpret=True)
-    assert lse.shape[1] == 384  # three chunks
+    assert lse.shape[1] == 128 * chunks
+    _, blocks_per_step, steps = _nsa_pallas._block_layout(KERNEL_CFG, lse.shape[1])
+    assert len(set(_nsa_pallas._chunk_steps(KERNEL_CFG, range(0, lse.shape[1], 128), 128, blocks_per_step,
+                                            steps))) == widths
     got = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=KERNEL_CFG, interpret=True)
     _, want = _nsa_tiled.compressed_and_selection(q, k_cmp, v_cmp, cfg=KERNEL_CFG)
     np.testing.assert_array_equal(got, want)
     jax.clear_caches()
+
+
+@pytest.mark.parametrize("cfg", [nsa.NSAConfig(), KERNEL_CFG, nsa.NSAConfig(select_size=32, num_selected=4)])
+def test_selection_chunks_score_every_block_their_queries_see(cfg):
+    """``_chunk_steps``: each chunk's width holds its last query's own block,
+    widths never shrink from chunk to chunk (runs of equal width share a
+    lax.map) and take at most ``_WIDTH_RUNS`` values."""
+    from jax_topk import _nsa_pallas
+
+    for length in (100, 1000, 4097, 20000, 65536, 300000):
+        padded = _nsa_pallas.padded_length(length)
+        chunk = min(_nsa_pallas._SELECTION_CHUNK, padded)
+        _, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, padded)
+        starts = range(0, padded, chunk)
+        widths = _nsa_pallas._chunk_steps(cfg, starts, chunk, blocks_per_step, steps)
+        for start, width in zip(starts, widths):
+            assert (start + chunk - 1) // cfg.select_size < width * blocks_per_step <= steps * blocks_per_step
+        assert widths == sorted(widths) and widths[-1] == steps
+        assert len(set(widths)) <= _nsa_pallas._WIDTH_RUNS
 
 
 def _xla_causal_attention(q, k, v, scale):
@@ -740,7 +764,7 @@ def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, si
     real queries (groups of 16, 4 and 1 heads: two head tiles and one;
     selection blocks reaching 0 to 3 compression blocks into the step before;
     16 and 8 selection blocks per step), and the blocks selected from either."""
-    from jax_topk import _nsa_native, _nsa_pallas
+    from jax_topk import _nsa_native, _nsa_pallas, _nsa_tiled
 
     block_size, stride, select_size = sizes
     cfg = nsa.NSAConfig(block_size=block_size, stride=stride, select_size=select_size, num_selected=8)
@@ -757,6 +781,18 @@ def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, si
     ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
     got = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, native=True)
     assert float(jnp.mean(jnp.all(got == ids, axis=-1))) > 0.999
+    # Each chunk ranks only the blocks its queries can see (_chunk_steps): the
+    # same ids, bit for bit, as ranking every block.
+    _, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, lse.shape[1])
+    every_block = []
+    for start in range(0, lse.shape[1], chunk):
+        ranked = _nsa_native.block_scores(
+            jnp.int32(start), _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, 2), lse.shape[1]), k_cmp, lse,
+            cfg=cfg, num_blocks=k_cmp.shape[1], chunk=chunk, width=steps * blocks_per_step,
+            scale=_nsa_pallas._score_scale(cfg.softmax_scale(dim)), ranked=True)
+        every_block.append(_nsa_tiled.select_ranked(ranked, start + jnp.arange(chunk, dtype=jnp.int32), cfg))
+    want = jnp.swapaxes(jnp.concatenate(every_block, axis=2)[:, :, :length], 1, 2)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @gpu_only
