@@ -589,6 +589,22 @@ __device__ bool cluster_topk_by_sample(const cooperative_groups::cluster_group& 
   timer.mark(kClusterPhaseRank);
   return true;
 }
+
+// Asks L2 for part `me` of `blocks` of a row's n elements, a 128-byte line a
+// thread (prefetch.global.L2: nothing waits on it). A ragged row's loads wait
+// for its length (their range depends on it); with the padded row asked for
+// while the length is read, they hit L2 instead of DRAM.
+template <typename U>
+__device__ JAX_TOPK_FORCE_INLINE void prefetch_row_part_to_l2(const U* row, int64_t n, int blocks, int me) {
+  constexpr int64_t kLine = 128;
+  const int64_t lines = (n * int64_t(sizeof(U)) + kLine - 1) / kLine;
+  const int64_t per_block = (lines + blocks - 1) / blocks;
+  const int64_t end = min_of(lines, (me + 1) * per_block);
+  const char* const base = reinterpret_cast<const char*>(row);
+  for (int64_t line = me * per_block + threadIdx.x; line < end; line += blockDim.x) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + line * kLine));
+  }
+}
 #endif  // JAX_TOPK_HAS_CLUSTERS, sm_90
 
 // One cluster of C blocks (the launch's cluster dimension) per row:
@@ -619,6 +635,7 @@ __global__ void __launch_bounds__(kClusterThreads, kSampled ? 1 : 2)
   uint32_t* rank_bins = hist + 2 * kClusterBins;                // [kRankBuckets]
   U* keys = reinterpret_cast<U*>(rank_bins + kRankBuckets);
   const int64_t row = int64_t(blockIdx.x) / blocks;
+  if (lengths.lengths != nullptr) prefetch_row_part_to_l2(x + row * n, n, blocks, me);
   const int len = int(lengths.of_loaded(row, n));
   const int chunk = int(cluster_chunk<U>(len, blocks));
   P* candidates = reinterpret_cast<P*>(
