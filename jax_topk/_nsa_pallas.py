@@ -342,11 +342,11 @@ def _chunk_steps(cfg, starts, chunk: int, blocks_per_step: int, steps: int) -> l
     one: ``select`` ranks them -inf), rounded up to a multiple of ``steps /
     _WIDTH_RUNS`` so that few widths occur. At 64K tokens that is 576 of the
     1024 blocks per chunk on average."""
-    quantum = -(-steps // _WIDTH_RUNS)
+    quantum = _cdiv(steps, _WIDTH_RUNS)
     widths = []
-    for start in starts:
-        needed = -(-((start + chunk - 1) // cfg.select_size + 1) // blocks_per_step)
-        widths.append(min(steps, -(-needed // quantum) * quantum))
+    for start in starts:  # the chunk's blocks: up to its last query's own one
+        needed = _cdiv(core.num_selection_blocks(start + chunk, cfg.select_size), blocks_per_step)
+        widths.append(min(steps, _cdiv(needed, quantum) * quantum))
     return widths
 
 
@@ -658,12 +658,12 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     in_specs = [ids_spec, group_spec, kv_spec, kv_spec]
     operands = [ids, queries, k, v]
     scale = _score_scale(cfg.softmax_scale(dim))
-    kw = dict(cfg=cfg, length=length, num_ids=block_ids.shape[-1], scale=scale, forced=bool(forced_tokens(cfg)))
+    tokens = forced_tokens(cfg)
+    kw = dict(cfg=cfg, length=length, num_ids=block_ids.shape[-1], scale=scale, forced=tokens > 0)
     forced_at = len(operands)  # where the forced pass's output and log-sum-exp go among the operands
-    if kw["forced"]:  # the forced blocks once per few tokens; the walk below starts after them
+    if tokens:  # the forced blocks once per few tokens; the walk below starts after them
         in_specs += [group_spec, row_spec]
-        operands += _forced_attention(ids, queries, k, v, cfg=cfg, tokens=forced_tokens(cfg), scale=scale,
-                                      interpret=interpret)
+        operands += _forced_attention(ids, queries, k, v, cfg=cfg, tokens=tokens, scale=scale, interpret=interpret)
     kernel = functools.partial(_selected_kernel, **kw)
     out_specs, out_shape = [group_spec], [jax.ShapeDtypeStruct(queries.shape, q.dtype)]
     if mix is not None:
@@ -688,7 +688,7 @@ def selected_attention(q, k, v, block_ids, mix=None, *, cfg, interpret: bool = F
     # Each program reads its token's forced state before it writes the token's output, so the walk's
     # outputs may take the pass's buffers (where T is whole programs of the pass): 1 GiB less at 64K.
     aliases = {}
-    if kw["forced"] and operands[forced_at].shape == queries.shape:
+    if tokens and operands[forced_at].shape == queries.shape:
         aliases[forced_at] = 0
         if residuals:
             aliases[forced_at + 1] = len(out_shape) - 1

@@ -734,9 +734,10 @@ def test_gpu_selected_kernel_gradients_across_segments():
 
 def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
     """One chunk's selection scores ``[B, Hkv, chunk, Ns']`` from the CUDA
-    kernel and from the Pallas kernel, on the same inputs; and the CUDA
-    kernel's ranks (``ranked=True``), checked here to be exactly
-    ``_nsa_tiled.rank_blocks`` of its scores."""
+    kernel and from the Pallas kernel, on the same inputs, and the blocks
+    ``select_ranked`` picks from the CUDA kernel's ranks of every block
+    (``ranked=True``, checked here to be exactly ``_nsa_tiled.rank_blocks``
+    of its scores)."""
     from jax_topk import _nsa_native, _nsa_pallas, _nsa_tiled
 
     padded, kv_heads, dim = lse.shape[1], k_cmp.shape[2], q.shape[3]
@@ -751,7 +752,7 @@ def _native_and_pallas_scores(cfg, q, k_cmp, lse, start: int, chunk: int):
     np.testing.assert_array_equal(ranked, _nsa_tiled.rank_blocks(scores, positions, cfg))
     pallas = _nsa_pallas._block_scores_chunk(start, queries, _nsa_pallas._pad_tokens(k_cmp, steps * keys_per_step),
                                              lse, cfg=cfg, chunk=chunk, num_blocks=k_cmp.shape[1], interpret=False)
-    return np.asarray(scores), np.asarray(pallas)
+    return np.asarray(scores), np.asarray(pallas), _nsa_tiled.select_ranked(ranked, positions, cfg)
 
 
 @gpu_only
@@ -764,7 +765,7 @@ def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, si
     real queries (groups of 16, 4 and 1 heads: two head tiles and one;
     selection blocks reaching 0 to 3 compression blocks into the step before;
     16 and 8 selection blocks per step), and the blocks selected from either."""
-    from jax_topk import _nsa_native, _nsa_pallas, _nsa_tiled
+    from jax_topk import _nsa_native, _nsa_pallas
 
     block_size, stride, select_size = sizes
     cfg = nsa.NSAConfig(block_size=block_size, stride=stride, select_size=select_size, num_selected=8)
@@ -774,23 +775,17 @@ def test_gpu_native_block_scores_match_the_pallas_kernel(dtype, dim, q_heads, si
     k_cmp, v_cmp = (x.astype(q.dtype) for x in nsa.compress_kv(k, v, cfg))
     _, lse = _nsa_pallas.compressed_attention(q, k_cmp, v_cmp, cfg=cfg)
     chunk = _nsa_pallas._SELECTION_CHUNK
+    every_block = []  # each chunk's ids from every block's ranks
     for start in range(0, lse.shape[1], chunk):
-        native, pallas = _native_and_pallas_scores(cfg, q, k_cmp, lse, start, chunk)
+        native, pallas, chunk_ids = _native_and_pallas_scores(cfg, q, k_cmp, lse, start, chunk)
         real = min(chunk, length - start)
         np.testing.assert_allclose(native[:, :, :real], pallas[:, :, :real], rtol=1e-4, atol=1e-6)
+        every_block.append(chunk_ids)
     ids = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg)
     got = _nsa_pallas.selection_ids(q, k_cmp, lse, cfg=cfg, native=True)
     assert float(jnp.mean(jnp.all(got == ids, axis=-1))) > 0.999
     # Each chunk ranks only the blocks its queries can see (_chunk_steps): the
     # same ids, bit for bit, as ranking every block.
-    _, blocks_per_step, steps = _nsa_pallas._block_layout(cfg, lse.shape[1])
-    every_block = []
-    for start in range(0, lse.shape[1], chunk):
-        ranked = _nsa_native.block_scores(
-            jnp.int32(start), _nsa_pallas._pad_tokens(_nsa_core.group_queries(q, 2), lse.shape[1]), k_cmp, lse,
-            cfg=cfg, num_blocks=k_cmp.shape[1], chunk=chunk, width=steps * blocks_per_step,
-            scale=_nsa_pallas._score_scale(cfg.softmax_scale(dim)), ranked=True)
-        every_block.append(_nsa_tiled.select_ranked(ranked, start + jnp.arange(chunk, dtype=jnp.int32), cfg))
     want = jnp.swapaxes(jnp.concatenate(every_block, axis=2)[:, :, :length], 1, 2)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
