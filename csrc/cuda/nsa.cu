@@ -25,7 +25,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <type_traits>
 
 #include "cuda/device_info.h"
 #include "cuda/mma.cuh"
@@ -255,20 +254,25 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
 // head), 8 per warpgroup; the keys, 64 per step, are shared and double-
 // buffered by cp.async as above. A warpgroup keeps its 8 queries' 16 head
 // rows (N = 128 columns, heads past G zero) in shared memory for the whole
-// kernel and forms the step's 64 keys x 128 columns in one chain of
-// m64n128k16 products (K = dim). Thread (warp w, lane g * 4 + c) then holds
-// keys 16w + g and 16w + g + 8 of heads 2c, 2c + 1, 8 + 2c, 9 + 2c of each
-// query: four probabilities per (query, key) summed in the thread, then a
-// reduce-scatter over the 4 lanes of a key (two shuffle rounds of halving
-// size) leaves each lane four (query, key) sums for shared memory. The
+// kernel, head major (column 8 * head + query), and forms the step's 64
+// keys x 128 columns in one chain of m64n128k16 products (K = dim). Thread
+// (warp w, lane g * 4 + c) then holds keys 16w + g and 16w + g + 8 of
+// queries 2c and 2c + 1 in every head (column tile j = head j): the group's
+// sum of each of its four (query, key) pairs is its own 16 adds, with no
+// shuffles (a query-major tile spread a query's heads over the 4 lanes of a
+// key and took a reduce-scatter of 12 shuffles and 24 selects per step). The
 // pooling into selection blocks and the halo are the mma.sync kernel's, per
 // warpgroup. Why: the mma.sync kernel's warps wait on their own products and
 // exponentials (twenty-fifth session: tensor pipe 30% busy); a warpgroup's
 // product runs from shared memory while the other warpgroups of the SM turn
-// theirs into probabilities. H200, 64K tokens of benchmarks/nsa.py: 6.1 ms
+// theirs into probabilities. H200, 64K tokens of benchmarks/nsa.py: 5.25 ms
 // against the mma.sync kernel's 8.2 (benchmarks/results/NOTES.md, thirty-
-// ninth session, with what was measured and not kept).
+// ninth to forty-fourth sessions, with what was measured and not kept).
 constexpr int kWgQueries = 8;                       // queries per warpgroup (128 columns / 16 heads)
+// A query's row of per-key sums, padded by 4 floats: lanes c = 0..3 store
+// queries 2c apart, whose rows then start in banks 8c apart (80 would put
+// all four on one bank).
+constexpr int kWgProbRow = kProbRow + 4;
 constexpr int kWgWarpgroups = 2;
 constexpr int kWgThreads = kWgWarpgroups * 128;
 constexpr int kWgBlockQueries = kWgWarpgroups * kWgQueries;
@@ -282,7 +286,7 @@ struct WgmmaSmem {  // byte offsets; the tiles 1024-byte aligned
   static constexpr uint32_t kKeyTile = uint32_t(kStepKeys) * kDim * 2;
   static constexpr uint32_t kKeys = kWgWarpgroups * kQueryTile;
   static constexpr uint32_t kProbs = kKeys + kKeyBuffers * kKeyTile;
-  static constexpr uint32_t kLse = kProbs + uint32_t(kWgBlockQueries * kProbRow) * 4;
+  static constexpr uint32_t kLse = kProbs + uint32_t(kWgBlockQueries * kWgProbRow) * 4;
   static constexpr uint32_t kBytes = kLse + uint32_t(kWgBlockQueries * 16) * 4 + 1024;  // + alignment
 };
 
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const uint32_t base = (shared_address(nsa_smem) + 1023u) & ~1023u;
   unsigned char* const base_ptr = reinterpret_cast<unsigned char*>(nsa_smem) + (base - shared_address(nsa_smem));
   float* const probs_s = reinterpret_cast<float*>(base_ptr + Smem::kProbs);
-  float* const lse_s = probs_s + kWgBlockQueries * kProbRow;
+  float* const lse_s = probs_s + kWgBlockQueries * kWgProbRow;
 
   const int tid = int(threadIdx.x), wg = tid / 128, wt = tid % 128;
   const int warp = wt / 32, lane = tid % 32, g = lane >> 2, c = lane & 3;
@@ -316,11 +320,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   const int steps_seen = (seen_keys(min(start + row0 + kWgBlockQueries, s.q_rows) - 1) + kStepKeys - 1) / kStepKeys;
   const int steps_out = (width + blocks_per_step - 1) / blocks_per_step;
 
-  // Every warpgroup's queries into its tile: row n = 16 * query + head.
+  // Every warpgroup's queries into its tile, head major: row n = 8 * head + query.
   for (int i = tid; i < kWgThreads * kChunks; i += kWgThreads) {
     const int row = i / kChunks % 128, chunk = i % kChunks, group = i / (128 * kChunks);
-    const int head = row % 16;
-    const int64_t t = start + row0 + group * kWgQueries + row / 16;
+    const int head = row / kWgQueries;
+    const int64_t t = start + row0 + group * kWgQueries + row % kWgQueries;
     const bool valid = t < s.q_rows && head < groups;
     const int64_t at = (((b * s.q_rows + (valid ? t : 0)) * heads + h) * groups + (valid ? head : 0)) * kDim;
     copy_async_16(base + group * Smem::kQueryTile + swizzle_128b_offset(128, row, chunk), q + at + chunk * 8, valid);
@@ -349,96 +353,66 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   if (steps_seen > 0) load_step(0);
   copy_async_commit();  // the queries, with the first keys
 
-  // The block's lse, [query][head] (+inf past G or past the rows): read from
-  // shared memory per step, as registers would spill. The keys a query sees:
-  // key i iff i * d + l - 1 <= t, i < num_blocks and t < q_rows.
+  // The block's lse as the tiles order it, [warpgroup][head][query] (+inf
+  // past G or past the rows), read from global memory query major. The keys
+  // a query sees: key i iff i * d + l - 1 <= t, i < num_blocks and t < q_rows.
   {
-    const int64_t t = start + row0 + tid / 16;
-    const int head = tid % 16;
+    const int query = tid / 16, head = tid % 16;
+    const int64_t t = start + row0 + query;
     const bool valid = t < s.q_rows && head < groups;
-    lse_s[tid] = valid ? __ldg(lse + ((b * s.q_rows + t) * heads + h) * groups + head) : INFINITY;
+    lse_s[(query / kWgQueries * 16 + head) * kWgQueries + query % kWgQueries] =
+        valid ? __ldg(lse + ((b * s.q_rows + t) * heads + h) * groups + head) : INFINITY;
   }
   static_assert(kWgThreads == kWgBlockQueries * 16, "one thread per (query, head) of the block's lse");
   const int64_t first_query = start + row0 + wg * kWgQueries;
   const int rows_left = int(min(int64_t(kWgQueries), max(int64_t(0), s.q_rows - first_query)));
-  const float2* lse_wg = reinterpret_cast<const float2*>(lse_s + wg * kWgQueries * 16);
+  // This lane's queries 2c, 2c + 1 of head j at lse_pair[4 * j] (after the barrier of the first step).
+  const float2* lse_pair = reinterpret_cast<const float2*>(lse_s + wg * kWgQueries * 16) + c;
 
-  float* probs = probs_s + wg * kWgQueries * kProbRow;  // the warpgroup's queries' rows
-  probs[(wt / kHalo) * kProbRow + wt % kHalo] = 0.0f;   // no keys before the first
+  float* probs = probs_s + wg * kWgQueries * kWgProbRow;  // the warpgroup's queries' rows
+  probs[(wt / kHalo) * kWgProbRow + wt % kHalo] = 0.0f;   // no keys before the first
   static_assert(kWgQueries * kHalo == 128, "one thread per halo slot of the warpgroup's queries");
   const auto warpgroup_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); };
   const int pool_query = wt / 16;
   const int64_t pool_row = row0 + wg * kWgQueries + pool_query;  // the output row (chunk-local)
   float* out_row = out + ((b * heads + h) * s.chunk + pool_row) * s.width;
   const int64_t own = (start + pool_row) / s.select_size;  // the query's selection block
-  const float* pool_probs = probs + pool_query * kProbRow + kHalo;
+  const float* pool_probs = probs + pool_query * kWgProbRow + kHalo;
   const uint32_t query_tile = base + wg * Smem::kQueryTile;
 
-  // Scores of the step's keys (sums over this lane's heads, then over the
-  // key's 4 lanes) into shared memory, then the selection blocks.
+  // Scores of the step's keys (this lane's four (query, key) pairs summed
+  // over the group's heads) into shared memory, then the selection blocks.
   const auto score_step = [&](int step, const float(&acc)[64], bool seen_any) {
-    float fin[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // this lane's four (query, key) sums
+    // fin[r]: key 16 * warp + g + 8 (r / 2), query 2c + r % 2 (acc[4j + r] in head j).
+    float fin[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (seen_any) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 l2 = lse_pair[4 * j];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          fin[r] += exp2_approx(__fmaf_rn(acc[4 * j + r], s.scale, -(r % 2 ? l2.y : l2.x)));
+        }
+      }
       // A key counts for query qi iff key * d + l - 1 - first_query <= qi;
       // a warp whose last key the warpgroup's first query sees needs no test.
-      const int key = step * kStepKeys + 16 * warp + g;
       const int64_t warp_last = int64_t(step) * kStepKeys + 16 * warp + 15;
       const bool all_seen = rows_left == kWgQueries && warp_last < s.num_blocks &&
                             warp_last * s.stride + s.block_size - 1 <= first_query;
-      int reach[2];
+      if (!all_seen) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t k = key + 8 * half;
-        reach[half] = k < s.num_blocks ? int(min(int64_t(kWgQueries),
-                                                 max(int64_t(-1), k * s.stride + s.block_size - 1 - first_query)))
-                                       : kWgQueries;
-      }
-      float v[kWgQueries][2];
-      const auto probabilities = [&](auto masked) {
-#pragma unroll
-        for (int qi = 0; qi < kWgQueries; ++qi) {
-          const float2 lse_lo = lse_wg[(qi * 16 + 2 * c) / 2], lse_hi = lse_wg[(qi * 16 + 8 + 2 * c) / 2];
-          const float l4[2][2] = {{lse_lo.x, lse_lo.y}, {lse_hi.x, lse_hi.y}};
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                sum += exp2_approx(__fmaf_rn(acc[4 * (2 * qi + jj) + 2 * half + e], s.scale, -l4[jj][e]));
-              }
-            }
-            if constexpr (decltype(masked)::value) sum = reach[half] <= qi && qi < rows_left ? sum : 0.0f;
-            v[qi][half] = sum;
-          }
+        for (int r = 0; r < 4; ++r) {
+          const int64_t k = int64_t(step) * kStepKeys + 16 * warp + g + 8 * (r / 2);
+          const int qi = 2 * c + r % 2;
+          const bool seen = qi < rows_left && k < s.num_blocks && k * s.stride + s.block_size - 1 - first_query <= qi;
+          fin[r] = seen ? fin[r] : 0.0f;
         }
-      };
-      if (all_seen) {
-        probabilities(std::false_type{});
-      } else {
-        probabilities(std::true_type{});
-      }
-      // Reduce-scatter over the key's 4 lanes: lane bit 0 keeps half (c & 1),
-      // then bit 1 keeps query parity (c >> 1) & 1.
-      float w1[kWgQueries];
-      const bool odd0 = c & 1, odd1 = (c >> 1) & 1;
-#pragma unroll
-      for (int qi = 0; qi < kWgQueries; ++qi) {
-        const float keep = odd0 ? v[qi][1] : v[qi][0], send = odd0 ? v[qi][0] : v[qi][1];
-        w1[qi] = keep + warp_shfl_xor(send, 1);
-      }
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const float keep = odd1 ? w1[2 * m + 1] : w1[2 * m], send = odd1 ? w1[2 * m] : w1[2 * m + 1];
-        fin[m] = keep + warp_shfl_xor(send, 2);
       }
     }
-    // Lane (g, c) holds query 2m + (c >> 1) at key 16 * warp + g + 8 (c & 1), m = 0..3 (zeros when
-    // no key of the step is seen: the halo of the step before still scores).
+    // (Zeros when no key of the step is seen: the halo of the step before still scores.)
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      probs[(2 * m + ((c >> 1) & 1)) * kProbRow + kHalo + 16 * warp + g + 8 * (c & 1)] = fin[m];
+    for (int r = 0; r < 4; ++r) {
+      probs[(2 * c + r % 2) * kWgProbRow + kHalo + 16 * warp + g + 8 * (r / 2)] = fin[r];
     }
     warpgroup_sync();
     for (int j = wt % 16; j < blocks_per_step; j += 16) {  // the mma.sync kernel's pooling, from offsets
@@ -457,7 +431,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     // before the next step's sums by its barrier).
     const int halo_query = wt / kHalo, m = wt % kHalo;
     if (m < halo) {
-      probs[halo_query * kProbRow + kHalo - halo + m] = probs[halo_query * kProbRow + kHalo + kStepKeys - halo + m];
+      probs[halo_query * kWgProbRow + kHalo - halo + m] = probs[halo_query * kWgProbRow + kHalo + kStepKeys - halo + m];
     }
   };
   // The product of the step's keys (buffer step % kKeyBuffers) and the
@@ -488,7 +462,9 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // tensor cores while this one scores. (Two accumulator sets, the product of
   // step + 1 in flight while step's scores: 239 registers, one block per SM,
   // 10.0 ms at 64K tokens against 6.9: the scoring, issue-bound on integer and
-  // select work, wants the warps.)
+  // select work, wants the warps. Warpgroup 1 passing each step's barrier
+  // between its product and its scores, so that the two alternate on the
+  // tensor cores: 5.35 ms against 5.25, forty-fourth session.)
   float acc[64];
   for (int step = 0; step < steps_seen; ++step) {
     keys_ready();
