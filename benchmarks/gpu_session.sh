@@ -24,6 +24,8 @@
 #              including GPU == CPU (tests/test_routing_gpu.py)
 #   bench_routing  benchmarks/routing.py: fused route against the lax.top_k composition
 #   profile_routing  ncu over the routing kernel alone (time, instructions, occupancy)
+#   profile_nsa  ncu over NSA's selected branch at 64K: the forced-block pass and the walk
+#              (benchmarks/profile_nsa.py; throughput, occupancy, warp stalls)
 #   sharded    (2+ GPUs) tests/test_sharding.py on the GPUs, and benchmarks/sharded.py: row- and
 #              axis-sharded top_k and routing over every GPU against one
 #   indexer    tests/test_indexer.py on the GPU (GPU == CPU, batch invariance), and
@@ -210,6 +212,10 @@ for s in "$@"; do
         tests/test_routing.py tests/test_routing_gpu.py ;;
     bench_routing)
       step bench_routing 300 python3 benchmarks/routing.py --out "$OUT" ;;
+    profile_nsa)
+      step profile_nsa 300 ncu --kernel-name regex:"forced|selected" --launch-skip 2 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+        --section WarpStateStats python3 benchmarks/profile_nsa.py ;;
     profile_routing)
       step profile_routing 300 ncu -k regex:route_ --metrics gpu__time_duration.sum,smsp__inst_executed.sum,\
 sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,\

@@ -60,7 +60,9 @@ _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 _WIDTH_RUNS = 8        # at most this many score widths in selection_ids (one lax.map each)
-_FORCED_TOKENS = 4     # tokens per program of the forced-block pass, which share those blocks (8, 16: slower)
+# Tokens per program of the forced-block pass, which share those blocks (8, 16: slower). At 4 its
+# program holds 246 registers a thread, so 2 run per SM (ncu, H200, forty-fourth session).
+_FORCED_TOKENS = 4
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
 # Every kernel names its launch: a pallas_call without Triton parameters takes jax's default GPU
 # backend, Mosaic GPU in jax 0.10+, which stages whole blocks in shared memory.
