@@ -650,6 +650,32 @@ def test_pallas_kernels_lower_to_triton_modules_the_verifier_accepts(monkeypatch
     assert not failures, "\n\n".join(failures)
 
 
+def test_triton_registers_tool_pairs_each_kernel_with_its_launch(monkeypatch):
+    """benchmarks/triton_registers.py (registers of the Pallas kernels without
+    a GPU) takes each lowered Triton module with the launch its custom call
+    names: the selected branch's two kernels, in launch order, at
+    ``_nsa_pallas.LAUNCH``'s entries, also after one is changed."""
+    pytest.importorskip("jax._src.pallas.triton.lowering")
+    import importlib.util
+    from pathlib import Path
+
+    from jax_topk import _nsa_pallas
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "triton_registers.py"
+    spec = importlib.util.spec_from_file_location("triton_registers", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    cfg = nsa.NSAConfig()
+    f = lambda *shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype)
+    q, k, ids = f(1, 300, 32, 64), f(1, 300, 2, 64), f(1, 300, 2, cfg.num_selected, dtype=jnp.int32)
+    selected = lambda q, k, ids: _nsa_pallas.selected_attention(q, k, k, ids, cfg=cfg)
+    monkeypatch.setitem(_nsa_pallas.LAUNCH, "selected_forced", (8, 1))
+    kernels = tool.lowered_kernels(selected, q, k, ids)
+    assert [(name, warps, stages) for name, _, warps, stages in kernels] == [
+        ("_forced_kernel", 8, 1), ("_selected_kernel", *_nsa_pallas.LAUNCH["selected"])]
+    assert [module.startswith(f"module @{name}") for name, module, _, _ in kernels] == [True, True]
+
+
 @gpu_only
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("length", [1000, 4500])
