@@ -131,7 +131,7 @@ def launch_sweep(t: int, args) -> list:
         calls = {name: calls[name] for name in args.kernels.split(",")}
     # Each kernel's program size, swept beside its launch: the compressed kernel's query rows and
     # the forced pass's tokens (module constants of _nsa_pallas, read when a call is traced).
-    sizes = {"compressed": ("_COMPRESSED_ROWS", (64, 128)), "selected_forced": ("_FORCED_TOKENS", (4, 8, 16))}
+    sizes = {"compressed": ("_COMPRESSED_ROWS", (64, 128)), "selected_forced": ("_FORCED_TOKENS", (2, 4, 8, 16))}
     default_launch = dict(_nsa_pallas.LAUNCH)
     defaults = {name: getattr(_nsa_pallas, name) for name, _ in sizes.values()}
     rows = []
