@@ -9,20 +9,25 @@ then random blocks at or before each token's own). E.g. on the GPU:
         python benchmarks/profile_nsa.py [--seqlen 65536] [--calls 2]
 
 (the launch order is pass, pass, walk per call: skipping 2 profiles the first
-call's walk and the second call's pass). B=1, Hq=64, Hkv=4, D=128, bfloat16
-as ``benchmarks/nsa.py``; off the GPU the kernels run in Pallas's interpreter
+call's walk and the second call's pass). B=1, Hq=64, Hkv=4, D=128, bfloat16,
+the inputs of ``benchmarks/nsa.py`` and its forced pass alone; off the GPU the kernels run in Pallas's interpreter
 (small --seqlen only).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 
 from jax_topk import _nsa_pallas as kernels
 from jax_topk import nsa
+
+sys.path.insert(0, os.path.dirname(__file__))
+import nsa as nsa_benchmark  # noqa: E402  (benchmarks/nsa.py: its inputs and its forced pass alone)
 
 
 def select_like_ids(cfg: nsa.NSAConfig, length: int, kv_heads: int, key) -> jax.Array:
@@ -47,20 +52,12 @@ def main() -> None:
     args = parser.parse_args()
     cfg = nsa.NSAConfig()
     interpret = jax.default_backend() != "gpu"
-    kq, kk, kv, ki = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(kq, (1, args.seqlen, args.heads, args.dim), jnp.bfloat16)
-    k = jax.random.normal(kk, (1, args.seqlen, args.kv_heads, args.dim), jnp.bfloat16)
-    v = jax.random.normal(kv, (1, args.seqlen, args.kv_heads, args.dim), jnp.bfloat16)
-    ids = select_like_ids(cfg, args.seqlen, args.kv_heads, ki)
-
-    # The pass alone, on the operands selected_attention gives it.
-    _, _, padded_ids, padded_k, padded_v, grouped = kernels._selected_layout(q, k, v, ids, cfg.select_size)
-    scale = kernels._score_scale(cfg.softmax_scale(args.dim))
-    forced_pass = jax.jit(lambda i, qs, ks, vs: kernels._forced_attention(
-        i, qs, ks, vs, cfg=cfg, tokens=kernels.forced_tokens(cfg), scale=scale, interpret=interpret))
+    q, k, v, _, _ = nsa_benchmark.inputs_for(args.seqlen, args)
+    ids = select_like_ids(cfg, args.seqlen, args.kv_heads, jax.random.key(0))
+    forced_pass = jax.jit(lambda q, k, v, ids: nsa_benchmark.forced_pass(q, k, v, ids, cfg, interpret))
     selected = jax.jit(lambda q, k, v, ids: kernels.selected_attention(q, k, v, ids, cfg=cfg, interpret=interpret))
     for _ in range(args.calls):
-        jax.block_until_ready(forced_pass(padded_ids, grouped(q), padded_k, padded_v))
+        jax.block_until_ready(forced_pass(q, k, v, ids))
         jax.block_until_ready(selected(q, k, v, ids))
     print(f"T={args.seqlen}: {args.calls} calls of the forced pass and of the selected kernel done", flush=True)
 
