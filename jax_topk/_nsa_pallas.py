@@ -60,8 +60,9 @@ _KEYS_PER_STEP = 64    # compressed keys per online-softmax step
 _SCORE_TOKENS = 16     # tokens per block-score program (the group-sum dot's M)
 _SELECTION_CHUNK = 4096  # queries per block-score call: its [Hkv, chunk, Ns] scores bound the memory
 _WIDTH_RUNS = 8        # at most this many score widths in selection_ids (one lax.map each)
-# Tokens per program of the forced-block pass, which share those blocks (8, 16: slower). At 4 its
-# program holds 246 registers a thread, so 2 run per SM (ncu, H200, forty-fourth session).
+# Tokens per program of the forced-block pass, which share those blocks (2, 16: slower; 8 within 1%).
+# Its slots run as a loop, one K and V tile live at a time: 180 registers a thread where the unrolled
+# slots held 246 (ncu, H200, forty-fifth session).
 _FORCED_TOKENS = 4
 # Triton launch parameters per kernel, (num_warps, num_stages): see benchmarks/results/NOTES.md.
 # Every kernel names its launch: a pallas_call without Triton parameters takes jax's default GPU
@@ -519,14 +520,18 @@ def _forced_kernel(ids_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, cfg, num_til
     forced = _forced_first(cfg, lambda slot: ids_ref[:, slot], own)  # [tokens]
     row_forced = jnp.broadcast_to(forced[:, None], (tokens, groups)).reshape(rows)
     keys_in_block = jnp.arange(cfg.select_size, dtype=jnp.int32)
-    carry = _initial_carry(rows, dim)
-    for slot in range(cfg.initial_blocks + cfg.local_blocks):
+
+    def visit(slot, carry):
         block = _forced_slot(cfg, slot, own)
         start = jnp.maximum(block, 0) * cfg.select_size
         scores = _dot(q, k_ref[pl.ds(start, cfg.select_size), :].T, q.dtype) * scale
         allowed = (row_forced & (block >= 0))[:, None] & (start + keys_in_block[None, :] <= positions[:, None])
-        carry = _online_softmax_step(carry, jnp.where(allowed, scores, -jnp.inf),
-                                     v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
+        return _online_softmax_step(carry, jnp.where(allowed, scores, -jnp.inf),
+                                    v_ref[pl.ds(start, cfg.select_size), :], q.dtype)
+
+    # A loop, not a Python one: unrolled, Triton held every slot's K and V tiles at once (246 registers,
+    # 2.01 ms at 64K; 180 and 1.77 ms as a loop, H200).
+    carry = jax.lax.fori_loop(0, cfg.initial_blocks + cfg.local_blocks, visit, _initial_carry(rows, dim))
     out, lse = _finish_softmax(carry, -jnp.inf)  # -inf: the walk's carry then starts empty
     o_ref[...] = out.reshape(tokens, groups, dim).astype(o_ref.dtype)
     lse_ref[...] = lse.reshape(tokens, groups)
