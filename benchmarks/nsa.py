@@ -61,6 +61,14 @@ def temp_bytes(fn, args) -> int | None:
     return None if analysis is None else int(analysis.temp_size_in_bytes)
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's shape options (``inputs_for`` reads them), shared with
+    ``profile_nsa.py`` and ``triton_registers.py``."""
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=128)
+
+
 def inputs_for(t: int, args) -> tuple:
     key = jax.random.key(t)
     kq, kk, kv, kg, kc = jax.random.split(key, 5)
@@ -254,9 +262,7 @@ def plot(result: dict, path: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", default="8192,16384,32768,65536")
-    parser.add_argument("--heads", type=int, default=64)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=128)
+    add_shape_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-backward", dest="backward", action="store_false")
     parser.add_argument("--branches", action="store_true", help="time each NSA branch alone instead")

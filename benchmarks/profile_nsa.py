@@ -27,7 +27,7 @@ from jax_topk import _nsa_pallas as kernels
 from jax_topk import nsa
 
 sys.path.insert(0, os.path.dirname(__file__))
-import nsa as nsa_benchmark  # noqa: E402  (benchmarks/nsa.py: its inputs and its forced pass alone)
+import nsa as nsa_benchmark  # noqa: E402  (benchmarks/nsa.py: its shapes, inputs and forced pass alone)
 
 
 def select_like_ids(cfg: nsa.NSAConfig, length: int, kv_heads: int, key) -> jax.Array:
@@ -45,9 +45,7 @@ def select_like_ids(cfg: nsa.NSAConfig, length: int, kv_heads: int, key) -> jax.
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, default=65536)
-    parser.add_argument("--heads", type=int, default=64)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=128)
+    nsa_benchmark.add_shape_arguments(parser)
     parser.add_argument("--calls", type=int, default=2)
     args = parser.parse_args()
     cfg = nsa.NSAConfig()

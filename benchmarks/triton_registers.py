@@ -21,6 +21,7 @@ shared memory the same (71680 bytes for the walk).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -32,6 +33,9 @@ import jax.numpy as jnp
 from jax._src.pallas.triton import lowering
 
 from jax_topk import _nsa_pallas, nsa
+
+sys.path.insert(0, os.path.dirname(__file__))
+import nsa as nsa_benchmark  # noqa: E402  (benchmarks/nsa.py: its shape options)
 
 
 def lowered_kernels(fn, *arguments) -> list[tuple[str, str, int, int]]:
@@ -82,9 +86,7 @@ def registers(module: str, num_warps: int, num_stages: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlen", type=int, default=1024)
-    parser.add_argument("--heads", type=int, default=64)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=128)
+    nsa_benchmark.add_shape_arguments(parser)
     parser.add_argument("--launch", action="append", default=[], help="KEY=WARPS,STAGES over _nsa_pallas.LAUNCH")
     parser.add_argument("--backward", action="store_true", help="the selected branch's backward kernels too")
     parser.add_argument("--triton-path", help="where the triton package is installed (pip install --target)")
