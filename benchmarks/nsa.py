@@ -140,15 +140,15 @@ def launch_sweep(t: int, args) -> list:
     # Each kernel's program size, swept beside its launch: the compressed kernel's query rows and
     # the forced pass's tokens (module constants of _nsa_pallas, read when a call is traced).
     sizes = {"compressed": ("_COMPRESSED_ROWS", (64, 128)), "selected_forced": ("_FORCED_TOKENS", (2, 4, 8))}
-    # (num_warps, num_stages) options: the walk's wide; the forced pass's from 1 stage (its slots in a
-    # loop hold one K and V tile at a time, so a stage more costs shared memory, not registers).
-    options = {"selected": ((2, 4, 8), (2, 3, 4)), "selected_forced": ((4, 8), (1, 2, 3))}
+    # (num_warps, num_stages) options: the walk's wide; every other kernel's from 1 stage (the forced
+    # pass's slots in a loop hold one K and V tile at a time, so a stage more costs shared memory).
+    options, other_options = {"selected": ((2, 4, 8), (2, 3, 4))}, ((4, 8), (1, 2, 3))
     default_launch = dict(_nsa_pallas.LAUNCH)
     defaults = {name: getattr(_nsa_pallas, name) for name, _ in sizes.values()}
     rows = []
     for kernel, (op, x) in calls.items():
         size_name, size_options = sizes.get(kernel, (None, (None,)))
-        warp_options, stage_options = options.get(kernel, ((4, 8), (1, 2, 3)))
+        warp_options, stage_options = options.get(kernel, other_options)
         for warps, stages, size in itertools.product(warp_options, stage_options, size_options):
             _nsa_pallas.LAUNCH[kernel] = (warps, stages)
             if size_name:
