@@ -127,6 +127,71 @@ __device__ JAX_TOPK_FORCE_INLINE void sort_and_write_selected(RegisterRowsShared
   });
 }
 
+// The first pass's candidates ordered by buckets (the fast path, taken when
+// they fit in ss.selected): every key >= floor (the count `total` is the
+// first pick's above + count, at most kRegisterSortCapacity) holds every
+// element of the row's top k_eff, and every other element lies below all of
+// them, so a candidate's rank among the candidates is its rank in the row.
+// [floor, hi] is cut into kRegisterBins equal key buckets (bucket 0 at
+// floor): a shared histogram, one block scan from the top bucket down (a
+// bucket's start = the candidates in the buckets above it), each candidate
+// to a slot of its bucket's span, and each candidate's rank = its bucket's
+// start + the members of its bucket whose packed (key, ~index) is above its
+// own (distinct, so the ranks are a permutation; ties go by index). Ranks
+// below k_eff are written. No second radix pass and no sort: a random row's
+// bucket holds about one candidate, so the count is a few compares; clustered
+// keys only lengthen it (a bucket of m costs each member m compares). Ends
+// with a barrier.
+template <typename U, int kE>
+__device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsShared& ss, const uint32_t (&key)[kE],
+                                                                int valid, int first, uint32_t floor, uint32_t hi,
+                                                                uint32_t total, uint32_t k_eff, KeyCodec<U> codec,
+                                                                U pad_bits, U* values_row, int32_t* indices_row) {
+  using P = uint64_t;
+  using Pack = KeyIndexPacking<U, P>;
+  const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
+  const uint32_t span = hi - floor;
+  const int width = span == 0 ? 0 : 32 - __clz(int(span));
+  const int bucket_shift = width > kRegisterDigitBits ? width - kRegisterDigitBits : 0;
+  uint32_t* start = ss.u.hist[0];   // free since the pick's last barrier
+  uint32_t* cursor = ss.u.hist[1];  // zero: the first pass cleared it for a second
+  const auto bucket_of = [&](uint32_t kv) { return (kv - floor) >> bucket_shift; };
+JAX_TOPK_UNROLL
+  for (int e = 0; e < kE; ++e) {
+    if (e < valid && key[e] >= floor) atomicAdd(&cursor[bucket_of(key[e])], 1u);
+  }
+  __syncthreads();
+  // Thread t: buckets 2047 - 2t and 2046 - 2t; starts counted from the top.
+  const int top = kRegisterBins - 1 - 2 * tid;
+  const uint32_t upper = cursor[top], lower = cursor[top - 1];
+  const uint32_t mine = upper + lower;
+  const uint32_t inclusive = warp_inclusive_sum(mine, lane);
+  if (lane == kWarpSize - 1) ss.warp_totals[warp] = inclusive;
+  __syncthreads();
+  const uint32_t warp_total = ss.warp_totals[lane];
+  const uint32_t warps_inclusive = warp_inclusive_sum(warp_total, lane);
+  const uint32_t above = warp_shfl(warps_inclusive - warp_total, warp) + inclusive - mine;
+  start[top] = cursor[top] = above;  // (only this thread touches its two buckets)
+  start[top - 1] = cursor[top - 1] = above + upper;
+  __syncthreads();
+JAX_TOPK_UNROLL
+  for (int e = 0; e < kE; ++e) {
+    if (e < valid && key[e] >= floor) {
+      ss.selected[atomicAdd(&cursor[bucket_of(key[e])], 1u)] = Pack::pack(U(key[e]), uint32_t(first + e));
+    }
+  }
+  __syncthreads();  // each bucket's span is [start, cursor)
+  for (uint32_t j = uint32_t(tid); j < total; j += kRegisterThreads) {
+    const P p = ss.selected[j];
+    const uint32_t b = bucket_of(uint32_t(Pack::key(p)));
+    uint32_t rank = start[b];
+    const uint32_t end = cursor[b];
+    for (uint32_t i = start[b]; i < end; ++i) rank += ss.selected[i] > p ? 1u : 0u;
+    if (rank < k_eff) write_packed_output(p, codec, pad_bits, values_row, indices_row, rank);
+  }
+  __syncthreads();  // shared memory is reused
+}
+
 // One block per row (grid-stride over rows); kE elements per thread, n <=
 // kE * kRegisterThreads.
 template <typename U, int kE>
@@ -182,6 +247,7 @@ JAX_TOPK_UNROLL
     uint32_t prefix = 0, k_left = k_eff;
     int shift = 0;
     bool whole = true;
+    uint32_t candidates = 0;  // > 0: the first pass's candidates fit, ranked by buckets
     if (k_eff < uint32_t(len) && lo == hi) {  // uniform: all equal, the first k_eff by index
       prefix = hi;
       whole = false;
@@ -210,10 +276,29 @@ JAX_TOPK_UNROLL
         k_left -= pick.above;
         shift = low;
         whole = pick.count == k_left;
+        if (pass == 0 && pick.above + pick.count <= uint32_t(kRegisterSortCapacity)) {  // uniform
+          candidates = pick.above + pick.count;
+          break;
+        }
         if (whole || shift == 0) break;  // uniform
       }
     }
     timer.mark(kRegisterPhaseSelect);
+    U* values_row = values + row * k;
+    int32_t* indices_row = indices + row * k;
+    if (candidates > 0) {  // uniform: the first pass's keys >= prefix, ordered by buckets
+      if (tid == 0) {  // every thread read them after the load's barrier
+        ss.lo = ~0u;
+        ss.hi = 0;
+      }
+      rank_candidates_by_buckets<U, kE>(ss, key, valid, first, prefix, hi, candidates, k_eff, codec,
+                                        lengths.pad_bits, values_row, indices_row);
+      for (int64_t j = int64_t(k_eff) + tid; j < k; j += kRegisterThreads) {
+        write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
+      }
+      timer.mark(kRegisterPhaseSort);
+      continue;
+    }
 
     // 3. The k_eff selected into ss.selected in index order: those taken
     // outright at [0, k_eff - ties), the ties (key == prefix, !whole) after
@@ -257,8 +342,6 @@ JAX_TOPK_UNROLL
     timer.mark(kRegisterPhaseCompact);
 
     // 4. Sort, write; pad slots [k_eff, k).
-    U* values_row = values + row * k;
-    int32_t* indices_row = indices + row * k;
     if (k_eff <= uint32_t(kRegisterThreads)) {  // uniform
       sort_and_write_selected<1, U>(ss, int(k_eff), sort_bits, codec, lengths.pad_bits, values_row, indices_row);
     } else {

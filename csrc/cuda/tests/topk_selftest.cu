@@ -939,7 +939,7 @@ void run_suite(bool quick, bool big) {
               : std::vector<int64_t>{1, 2, 17, 1000, 4095, 4096, 4097, 8000, 8192, 8193, 12345,
                                      kRegisterRowsMaxN - 1, kRegisterRowsMaxN};
     const std::vector<int64_t> register_ks =
-        quick ? std::vector<int64_t>{1, 1025, kRegisterRowsMaxK}
+        quick ? std::vector<int64_t>{1, 512, 1025, kRegisterRowsMaxK}
               : std::vector<int64_t>{1, 2, 31, 33, 512, 1000, 1024, 1025, kRegisterRowsMaxK - 1, kRegisterRowsMaxK};
     for (DType d : {DType::float32, DType::bfloat16, DType::uint8, DType::int32}) {
       g_topk_regime = TopkRegime::kRegisterRows;
@@ -961,6 +961,8 @@ void run_suite(bool quick, bool big) {
         }
       }
       run_one(d, 2 * sm + 1, 3000, 100, Pattern::kGaussian);  // more rows than blocks at once
+      run_lengths(d, 31, 8000, 512, Pattern::kGaussian);       // the ragged batch, on its buckets
+      run_lengths(d, 31, 8000, 512, Pattern::kFewValues);
       g_topk_regime.reset();
       run_one(d, sm, 8192, kRegisterRowsMinK, Pattern::kGaussian);
       run_lengths(d, 31, 8000, 2048, Pattern::kGaussian);
