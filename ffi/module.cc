@@ -189,11 +189,9 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["cluster_max_k"] = jax_topk::kClusterMaxK;
         t["register_rows_max_n"] = jax_topk::kRegisterRowsMaxN;
         t["register_rows_max_k"] = jax_topk::kRegisterRowsMaxK;
-        t["register_rows_min_k"] = jax_topk::kRegisterRowsMinK;
         t["threshold_sample_min_n"] = jax_topk::kThresholdSampleMinN;  // whole rows from here may take a sampled T
         t["cluster_bins_min_n"] = jax_topk::kClusterBinsMinLen;
         t["cluster_bins_max_n"] = jax_topk::kClusterBinsMaxLen;
-        t["cluster_bins_max_k"] = jax_topk::kClusterBinsMaxK;
         d["topk_thresholds"] = t;
         // The cluster kernel's sampled bins: where few rows take it (clusters
         // of at least two blocks within sm_share of the SMs), and its sample
@@ -215,6 +213,7 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         nb::dict per_sm;
         per_sm["threshold_narrow_min"] = jax_topk::kThresholdNarrowMinRowsPerSm;
         per_sm["threshold_sampled_narrow_min"] = jax_topk::kThresholdSampledNarrowMinRowsPerSm;
+        per_sm["register_rows_max"] = jax_topk::kRegisterRowsMaxRowsPerSm;
         d["topk_rows_per_sm_thresholds"] = per_sm;
         // Thresholds on the input's bytes.
         nb::dict bytes;

@@ -188,34 +188,35 @@ def test_threshold_sampled_rows(rows, n, k, rng):
                           lengths=user_lengths(rows, n, k, rng))
 
 
-def test_cluster_bins_boundary(rng):
-    # Few rows of cluster_bins_min_n..cluster_bins_max_n take a cluster of
-    # blocks per row and its sampled bins while clusters of two blocks fit in
-    # sm_share of the SMs; one row more, another kernel. Rows made
-    # against the sample (its elements high: no threshold reaches k; or low)
-    # and all-equal rows (one bin holds the row) take the radix select in the
-    # same kernel, or the bins above the sample.
+def test_register_rows_boundary(rng):
+    # Rows of at most register_rows_max_n on at most register_rows_max rows
+    # per SM (and not the warp kernels') take one block per row: a radix
+    # pass, then its candidates ranked by key buckets where they fit (else
+    # the exact radix select and a sort); one row more, another kernel.
+    # Ties at the k-th key, special values, short rows with lengths, rows
+    # whose values cluster in a few buckets, and all-equal rows (one bucket,
+    # or the sort) must come out as the CPU kernel's.
     build = jax_topk.info()["platforms"]["cuda"]["build"]
     sms = getattr(GPU, "core_count", None)
-    if not sms or "topk_cluster_bins" not in build:
-        pytest.skip("the SM count or the cluster bins are not reported")
-    bins, limits = build["topk_cluster_bins"], build["topk_thresholds"]
-    rows_most = int(bins["sm_share"] * sms) // 2
-    for n in (limits["cluster_bins_min_n"], 8000, limits["cluster_bins_max_n"]):
+    if not sms or "register_rows_max" not in build.get("topk_rows_per_sm_thresholds", {}):
+        pytest.skip("the SM count or the register rows' limit is not reported")
+    limits = build["topk_thresholds"]
+    rows_most = build["topk_rows_per_sm_thresholds"]["register_rows_max"] * sms
+    max_n, max_k = limits["register_rows_max_n"], limits["register_rows_max_k"]
+    for n in (limits["warp_select_max_n"] + 1, 8000, max_n):
         for rows in (1, rows_most, rows_most + 1):
-            for k in (1, 64, 511, limits["cluster_bins_max_k"], limits["cluster_bins_max_k"] + 1):
+            for k in (1, 64, 511, 1024, max_k):
                 if k > n:
                     continue
                 for kind in ("random", "ties"):
                     assert_gpu_equals_cpu(make_input(kind, (rows, n), "float32", rng), k)
             assert_gpu_equals_cpu(make_input("special", (rows, n), "bfloat16", rng), 300,
                                   lengths=user_lengths(rows, n, 300, rng))
-        sampled = np.zeros(n, dtype=bool)
-        sampled[np.arange(bins["samples"]) * n // bins["samples"]] = True
+        # Values in a few narrow clusters (many candidates share a bucket),
+        # and all-equal rows.
         noise = make_input("random", (3, n), "float32", rng)
-        for high in (True, False):
-            x = np.where(sampled == high, noise + 100.0, noise).astype(np.float32)
-            assert_gpu_equals_cpu(x, 511, check_oracle=True)
+        clustered = (np.floor(noise * 2.0) + noise * 1e-6).astype(np.float32)
+        assert_gpu_equals_cpu(clustered, 511, check_oracle=True)
         assert_gpu_equals_cpu(make_input("equal", (3, n), "float32", rng), 511, check_oracle=True)
 
 

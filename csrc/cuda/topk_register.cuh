@@ -25,6 +25,10 @@
 // 4. block_radix_sort.cuh orders them by key, stably (ties keep index
 //    order), over the key bits that differ between the k-th key and the
 //    largest, and writes each to its output slot.
+// Where the first pass's candidates (the keys at or above its bin) fit in
+// shared memory, steps 2-4 give way to rank_candidates_by_buckets after that
+// pass: ~5 us a row instead of ~12 (benchmarks/results/NOTES.md, forty-
+// seventh session).
 // Deterministic: the selected set and its order follow from the values
 // alone, never from the order of atomics.
 //

@@ -964,7 +964,8 @@ void run_suite(bool quick, bool big) {
       run_lengths(d, 31, 8000, 512, Pattern::kGaussian);       // the ragged batch, on its buckets
       run_lengths(d, 31, 8000, 512, Pattern::kFewValues);
       g_topk_regime.reset();
-      run_one(d, sm, 8192, kRegisterRowsMinK, Pattern::kGaussian);
+      run_one(d, sm, 8192, 512, Pattern::kGaussian);      // the most rows the dispatcher gives them
+      run_one(d, sm + 1, 8192, 512, Pattern::kGaussian);  // one more: the threshold kernel
       run_lengths(d, 31, 8000, 2048, Pattern::kGaussian);
       run_lengths(d, 31, 8000, 2048, Pattern::kFewValues);
     }

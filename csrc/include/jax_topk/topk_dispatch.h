@@ -257,7 +257,10 @@ constexpr bool cluster_rows_fit(int64_t n, int64_t k, int elem_bytes, bool has_c
 }
 
 // Sampled bins (the cluster kernel's select for rows of kClusterBinsMinLen
-// ..kClusterBinsMaxLen elements, k < length). The radix select costs a
+// ..kClusterBinsMaxLen elements, k < length: since the register rows took
+// every problem of rows of at most kRegisterRowsMaxN on at most one row per
+// SM (forty-seventh session), the ragged rows of a longer padded width with
+// lengths, and the regimes the benchmarks force). The radix select costs a
 // cluster barrier and a block-wide digit choice per 8-bit pass; a sample
 // replaces the passes with ONE exact count:
 // - every block reads the same kClusterBinSamples elements, evenly spaced
@@ -423,41 +426,33 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int ele
   return cluster_row_plan(rows, n, k, elem_bytes, sm_count).blocks;
 }
 
-// Where the cluster kernel is dispatched for its sampled bins: rows that
-// cluster_bins_fit with k up to kClusterBinsMaxK, few enough for clusters of
-// at least two blocks within cluster_bins_max_blocks. Measured on an H100
-// (CUDA graph, NOTES.md, twenty-seventh session), 31 rows of 2000..8000
-// (lengths) on clusters of 4: k = 512 10.8 us against 13.7 on the
-// threshold kernel (one row alone: 9.2 against 13.0); k = 1024 12.4 against
-// 14.5 on the register rows; k = 2048 16.4 against 16.8, where the register
-// rows, whose time does not depend on the data, stay.
-inline constexpr int64_t kClusterBinsMaxK = 1024;
-
-constexpr bool cluster_bins_dispatch(int64_t rows, int64_t n, int64_t k, int elem_bytes, int sm_count) {
-  return k <= kClusterBinsMaxK && cluster_bins_fit(n, k) && cluster_blocks_per_row(rows, n, k, elem_bytes, sm_count) >= 2;
-}
-
 // Register-rows kernel (kRegisterRows; keys of at most 32 bits): one block
 // of kRegisterRowsThreads threads per row, each thread holding up to
 // kRegisterRowsMaxPerThread consecutive elements in registers, so rows of up
-// to kRegisterRowsMaxN elements are read once; an exact radix select and a
-// stable radix sort of the k selected follow (csrc/cuda/topk_register.cuh).
-// Its time does not depend on the data. Measured on an H200 against the
-// threshold kernel (benchmarks/results/NOTES.md, eleventh session; kernel us
-// by CUDA events): k = 2048 on 31 ragged rows of 2000..8000, 21.1 against
-// 45.9 (the threshold kernel's short rows fall back to a bitonic sort of
-// 4096); 132 x 8192, 23.2 against 26.7; 1-31 rows of 8192, within 1 us. At
-// k <= 512 the threshold kernel's few candidates are cheaper (16384 k64: 14.6
-// against 20.3; k = 512 within 1 us), and from two rows per SM on its two
-// blocks per SM win (264 x 8192 k2048: 33.5 against 39.6). So: k of at
-// least kRegisterRowsMinK on at most kRegisterRowsMaxRowsPerSm rows per SM.
+// to kRegisterRowsMaxN elements are read once; one radix pass, then its
+// candidates ranked by key buckets when they fit (else the exact radix
+// select and a stable radix sort of the k selected;
+// csrc/cuda/topk_register.cuh). For rows of at most 16384 it is the
+// shortest chain of any kernel here, so it takes every such problem of at
+// most kRegisterRowsMaxRowsPerSm rows per SM the warp kernels leave. H200,
+// CUDA graph us (benchmarks/results/NOTES.md, forty-seventh session), against
+// the best other kernel: the ragged batch (31 rows of 2000..8000) k = 512 5.9
+// against 9.9 (cluster bins), k = 1024 6.5 against 11.5; 1 / 31 / 132 rows
+// of 8192, k = 512: 5.8 / 6.0 / 7.1 against 8.3 / 11.1 / 13.2; 132 x 16384
+// k64 9.0 against 10.2; 132 x 4096 k256 5.5 against 10.5. At two rows per SM
+// the threshold kernel's two blocks per SM win some shapes (264 x 16384 k64:
+// 16.7 against 14.6, 264 x 8192 k256: 12.1 against 10.3) and lose others.
+// k above ~1024 mostly misses the bucket path (more than
+// kRegisterRowsMaxK candidates, the sort's buffer) and sorts: 1 x 8192 k2048 16.7 us,
+// where the cluster kernel takes 11.3 and the threshold kernel 13.7, but the
+// ragged rows k = 2048 16.7 against the threshold kernel's 40.5 (its short
+// rows fall back to a bitonic sort).
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
 // Largest k: the k selected are sorted in shared memory by a block radix
 // sort holding at most two packed values per thread (16 KB at 2048).
 inline constexpr int64_t kRegisterRowsMaxK = 2048;
-inline constexpr int64_t kRegisterRowsMinK = 1024;
 inline constexpr int64_t kRegisterRowsMaxRowsPerSm = 1;
 
 // Elements per thread in kRegisterRows: the smallest of 4, 8, 16 that holds n.
@@ -491,11 +486,7 @@ constexpr TopkRegime choose_topk_regime(int64_t rows, int64_t n, int64_t k, int 
   if (warp_sort_fits(n, k, elem_bytes) && warp_sort_fills) {
     return warp_sort_lanes_per_row(n) < 32 ? TopkRegime::kTinyRows : TopkRegime::kSmallK;
   }
-  if (cluster_rows_fit(n, k, elem_bytes, has_clusters) && cluster_bins_dispatch(rows, n, k, elem_bytes, sm_count)) {
-    return TopkRegime::kClusterRows;
-  }
-  if (register_rows_fit(n, k, elem_bytes) && k >= kRegisterRowsMinK &&
-      rows <= kRegisterRowsMaxRowsPerSm * sm_count) {
+  if (register_rows_fit(n, k, elem_bytes) && rows <= kRegisterRowsMaxRowsPerSm * sm_count) {
     return TopkRegime::kRegisterRows;
   }
   const bool threshold_fits = elem_bytes <= 4 && k <= kThresholdMaxK;
