@@ -96,13 +96,17 @@ JAX_TOPK_UNROLL
   for (int e = 0; e < kE; ++e) key[e] = first + e < len ? uint32_t(codec.key(__ldg(row + first + e))) : 0u;
 }
 
-// The bin of hist[0:kRegisterBins) holding the k_left-th largest counted key
-// (1 <= k_left <= the total), written to *pick. Thread t scans bins
-// 2047 - 2t and 2046 - 2t (from the top), one block scan of the pairs finds
-// the thread holding it. Every thread calls it after the barrier that
-// completes the histogram; it ends with a barrier (*pick visible).
-__device__ JAX_TOPK_FORCE_INLINE void block_pick_digit(const uint32_t* hist, uint32_t k_left,
-                                                       uint32_t* warp_totals, DigitPick* pick) {
+// Thread t's two bins of a kRegisterBins histogram walked from the top
+// (2047 - 2t and 2046 - 2t) and the count in every bin above them: one block
+// scan of the pairs. Every thread calls it after the barrier that completes
+// the histogram; it has a barrier inside (warp_totals), none at its end.
+struct BinsFromTop {
+  int top;         // the upper bin; the lower one is top - 1
+  uint32_t upper;  // their counts
+  uint32_t lower;
+  uint32_t above;  // the count in the bins above `top`
+};
+__device__ JAX_TOPK_FORCE_INLINE BinsFromTop block_scan_bins_from_top(const uint32_t* hist, uint32_t* warp_totals) {
   const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
   const int top = kRegisterBins - 1 - 2 * tid;
   const uint32_t upper = hist[top], lower = hist[top - 1];
@@ -112,10 +116,19 @@ __device__ JAX_TOPK_FORCE_INLINE void block_pick_digit(const uint32_t* hist, uin
   __syncthreads();
   const uint32_t total = warp_totals[lane];
   const uint32_t warps_inclusive = warp_inclusive_sum(total, lane);
-  const uint32_t above = warp_shfl(warps_inclusive - total, warp) + inclusive - mine;
-  if (above < k_left && k_left <= above + mine) {
-    *pick = above + upper >= k_left ? DigitPick{uint32_t(top), above, upper}
-                                    : DigitPick{uint32_t(top - 1), above + upper, lower};
+  return BinsFromTop{top, upper, lower, warp_shfl(warps_inclusive - total, warp) + inclusive - mine};
+}
+
+// The bin of hist[0:kRegisterBins) holding the k_left-th largest counted key
+// (1 <= k_left <= the total), written to *pick: the thread whose pair of
+// bins from the top holds it. Every thread calls it after the barrier that
+// completes the histogram; it ends with a barrier (*pick visible).
+__device__ JAX_TOPK_FORCE_INLINE void block_pick_digit(const uint32_t* hist, uint32_t k_left,
+                                                       uint32_t* warp_totals, DigitPick* pick) {
+  const BinsFromTop b = block_scan_bins_from_top(hist, warp_totals);
+  if (b.above < k_left && k_left <= b.above + b.upper + b.lower) {
+    *pick = b.above + b.upper >= k_left ? DigitPick{uint32_t(b.top), b.above, b.upper}
+                                        : DigitPick{uint32_t(b.top - 1), b.above + b.upper, b.lower};
   }
   __syncthreads();
 }
@@ -153,7 +166,7 @@ __device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsSha
                                                                 U pad_bits, U* values_row, int32_t* indices_row) {
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
-  const int tid = int(threadIdx.x), lane = lane_id(), warp = tid / kWarpSize;
+  const int tid = int(threadIdx.x);
   const uint32_t span = hi - floor;
   const int width = span == 0 ? 0 : 32 - __clz(int(span));
   const int bucket_shift = width > kRegisterDigitBits ? width - kRegisterDigitBits : 0;
@@ -165,18 +178,10 @@ JAX_TOPK_UNROLL
     if (e < valid && key[e] >= floor) atomicAdd(&cursor[bucket_of(key[e])], 1u);
   }
   __syncthreads();
-  // Thread t: buckets 2047 - 2t and 2046 - 2t; starts counted from the top.
-  const int top = kRegisterBins - 1 - 2 * tid;
-  const uint32_t upper = cursor[top], lower = cursor[top - 1];
-  const uint32_t mine = upper + lower;
-  const uint32_t inclusive = warp_inclusive_sum(mine, lane);
-  if (lane == kWarpSize - 1) ss.warp_totals[warp] = inclusive;
-  __syncthreads();
-  const uint32_t warp_total = ss.warp_totals[lane];
-  const uint32_t warps_inclusive = warp_inclusive_sum(warp_total, lane);
-  const uint32_t above = warp_shfl(warps_inclusive - warp_total, warp) + inclusive - mine;
-  start[top] = cursor[top] = above;  // (only this thread touches its two buckets)
-  start[top - 1] = cursor[top - 1] = above + upper;
+  // A bucket's start: the candidates in the buckets above it.
+  const BinsFromTop b = block_scan_bins_from_top(cursor, ss.warp_totals);
+  start[b.top] = cursor[b.top] = b.above;  // (only this thread touches its two buckets)
+  start[b.top - 1] = cursor[b.top - 1] = b.above + b.upper;
   __syncthreads();
 JAX_TOPK_UNROLL
   for (int e = 0; e < kE; ++e) {
