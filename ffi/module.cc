@@ -193,13 +193,6 @@ JAX_TOPK_NB_MODULE(JAX_TOPK_MODULE_NAME, m) {
         t["cluster_bins_min_n"] = jax_topk::kClusterBinsMinLen;
         t["cluster_bins_max_n"] = jax_topk::kClusterBinsMaxLen;
         d["topk_thresholds"] = t;
-        // The cluster kernel's sampled bins: where few rows take it (clusters
-        // of at least two blocks within sm_share of the SMs), and its sample
-        // (element i * n / samples of a whole row, i < samples).
-        nb::dict bins;
-        bins["sm_share"] = jax_topk::kClusterBinsSmShare;
-        bins["samples"] = jax_topk::kClusterBinSamples;
-        d["topk_cluster_bins"] = bins;
         // The cluster kernel's sampled threshold: whole rows whose sample has
         // a window, a cluster of at least ceil(row bytes / chunk_bytes) and
         // two blocks each (more while they fit), while the clusters' blocks
