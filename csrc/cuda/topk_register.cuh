@@ -8,15 +8,16 @@
 // 1. Thread t loads the E consecutive elements [t*E, t*E + E) of the row
 //    (16-byte loads) and keeps them as ordered keys in registers: the row is
 //    read once and never stored (the threshold kernel reads it twice). The
-//    row's smallest and largest keys come with the load's barrier.
-// 2. Exact radix select of the k-th largest KEY, 11-bit digits from the
-//    highest bit where the smallest and largest keys differ (the bits above
-//    are common): a shared-memory histogram of the keys matching the prefix
-//    so far, then the whole block finds the bin of the k_left-th largest
-//    (two bins per thread, one block scan). A pass whose bin is taken whole
-//    ends the select (random float32 rows: after 2 passes). Starting below
-//    the common bits spreads the first pass's shared atomics over the bins
-//    (scores of one magnitude share their exponent).
+//    row's smallest and largest keys, and the first pass's histogram (the
+//    keys' top digit), come with the load's barrier.
+// 2. Exact radix select of the k-th largest KEY, 11-bit digits from the top:
+//    a shared-memory histogram of the keys matching the prefix so far, then
+//    the whole block finds the bin of the k_left-th largest (two bins per
+//    thread, one block scan). A pass whose bin is taken whole ends the
+//    select (random float32 rows: after 2 passes). After the first pass the
+//    bits where the smallest and largest keys agree are skipped: a row whose
+//    keys share their top digit (scores of one magnitude share their
+//    exponent) spends the first pass, which costs no barrier of its own.
 // 3. Exactly min(k, len) packed (key, ~index) values go to shared memory in
 //    index order, placed by one block scan of per-thread counts (outright
 //    picks and ties packed in one word): those above the k-th key, then the
@@ -26,9 +27,9 @@
 //    order), over the key bits that differ between the k-th key and the
 //    largest, and writes each to its output slot.
 // Where the first pass's candidates (the keys at or above its bin) fit in
-// shared memory, steps 2-4 give way to rank_candidates_by_buckets after that
-// pass: ~5 us a row instead of ~12 (benchmarks/results/NOTES.md, forty-
-// seventh session).
+// shared memory (kRegisterBucketCapacity), steps 2-4 give way to
+// rank_candidates_by_buckets after that pass: ~5 us a row instead of ~12
+// (benchmarks/results/NOTES.md, forty-seventh session).
 // Deterministic: the selected set and its order follow from the values
 // alone, never from the order of atomics.
 //
@@ -60,12 +61,19 @@ enum RegisterPhase : int {
   kRegisterPhaseSort = 3,     // the sort and the writes
 };
 
+// The bucket ranking's capacity: the first pass's candidates of a row at k =
+// kRegisterRowsMaxK are k plus part of the pick's bin (random float32 rows of
+// 8192: ~2300-2700), packed in 24 KB (the most the 48 KB of static shared
+// memory holds beside the histograms). The sort path's k selected share it.
+inline constexpr int kRegisterBucketCapacity = 3 * kRegisterBins / 2;
+static_assert(kRegisterSortCapacity <= kRegisterBucketCapacity, "the sort's k selected fit the buffer");
+
 struct RegisterRowsShared {
   union {
-    uint32_t hist[2][kRegisterBins];  // the select's histograms (one being zeroed for the next pass)
+    uint32_t hist[2][kRegisterBins];  // the select's histograms; the buckets' counts and starts
     BlockRadixSortShared<kRegisterThreads> sort;
   } u;
-  uint64_t selected[kRegisterSortCapacity];  // the k selected, in index order
+  uint64_t selected[kRegisterBucketCapacity];  // packed values: the candidates by bucket, or the k selected
   uint32_t warp_totals[kRegisterThreads / kWarpSize];
   DigitPick pick;
   uint32_t lo, hi;  // the row's smallest and largest keys
@@ -144,21 +152,21 @@ __device__ JAX_TOPK_FORCE_INLINE void sort_and_write_selected(RegisterRowsShared
   });
 }
 
-// The first pass's candidates ordered by buckets (the fast path, taken when
-// they fit in ss.selected): every key >= floor (the count `total` is the
-// first pick's above + count, at most kRegisterSortCapacity) holds every
-// element of the row's top k_eff, and every other element lies below all of
-// them, so a candidate's rank among the candidates is its rank in the row.
-// [floor, hi] is cut into kRegisterBins equal key buckets (bucket 0 at
-// floor): a shared histogram, one block scan from the top bucket down (a
-// bucket's start = the candidates in the buckets above it), each candidate
-// to a slot of its bucket's span, and each candidate's rank = its bucket's
-// start + the members of its bucket whose packed (key, ~index) is above its
-// own (distinct, so the ranks are a permutation; ties go by index). Ranks
-// below k_eff are written. No second radix pass and no sort: a random row's
-// bucket holds about one candidate, so the count is a few compares; clustered
-// keys only lengthen it (a bucket of m costs each member m compares). Ends
-// with a barrier.
+// The first pass's candidates ordered by buckets (taken when they fit in
+// ss.selected): every key >= floor (the count `total` is the first pick's
+// above + count, at most kRegisterBucketCapacity) holds every element of the
+// row's top k_eff, and every other element lies below all of them, so a
+// candidate's rank among the candidates is its rank in the row. [floor, hi]
+// is cut into kRegisterBins equal key buckets (bucket 0 at floor): a shared
+// histogram, one block scan from the top bucket down (a bucket's start = the
+// candidates in the buckets above it), each candidate to a slot of its
+// bucket's span, and each candidate's rank = its bucket's start + the members
+// of its bucket whose packed (key, ~index) is above its own (distinct, so
+// the ranks are a permutation; ties go by index). Ranks below k_eff are
+// written. No second radix pass and no sort: a random row's bucket holds
+// about one candidate, so the count is a few compares; clustered keys only
+// lengthen it (a bucket of m costs each member m compares). No barrier at
+// the end.
 template <typename U, int kE>
 __device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsShared& ss, const uint32_t (&key)[kE],
                                                                 int valid, int first, uint32_t floor, uint32_t hi,
@@ -171,7 +179,7 @@ __device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsSha
   const int width = span == 0 ? 0 : 32 - __clz(int(span));
   const int bucket_shift = width > kRegisterDigitBits ? width - kRegisterDigitBits : 0;
   uint32_t* start = ss.u.hist[0];   // free since the pick's last barrier
-  uint32_t* cursor = ss.u.hist[1];  // zero: the first pass cleared it for a second
+  uint32_t* cursor = ss.u.hist[1];  // zero since the row began
   const auto bucket_of = [&](uint32_t kv) { return (kv - floor) >> bucket_shift; };
 JAX_TOPK_UNROLL
   for (int e = 0; e < kE; ++e) {
@@ -198,7 +206,6 @@ JAX_TOPK_UNROLL
     for (uint32_t i = start[b]; i < end; ++i) rank += ss.selected[i] > p ? 1u : 0u;
     if (rank < k_eff) write_packed_output(p, codec, pad_bits, values_row, indices_row, rank);
   }
-  __syncthreads();  // shared memory is reused
 }
 
 // One block per row (grid-stride over rows); kE elements per thread, n <=
@@ -215,18 +222,34 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   __shared__ RegisterRowsShared ss;
   const int tid = int(threadIdx.x), lane = lane_id();
   const int first = tid * kE;
-  if (tid == 0) {
-    ss.lo = ~0u;
-    ss.hi = 0;
-  }
+  // A row's shared state, set before it begins. The select's first pass
+  // counts into hist[0] before the load's barrier, so both histograms are
+  // cleared (hist[1]: the second pass's, or the buckets' counts).
+  const auto clear_row_state = [&] {
+    for (int i = tid; i < 2 * kRegisterBins; i += kRegisterThreads) ss.u.hist[i / kRegisterBins][i % kRegisterBins] = 0;
+    if (tid == 0) {
+      ss.lo = ~0u;
+      ss.hi = 0;
+    }
+  };
+  clear_row_state();
   __syncthreads();
   PhaseTimer timer;
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    if (row != int64_t(blockIdx.x)) {  // the row before ends without a barrier
+      __syncthreads();
+      clear_row_state();
+      __syncthreads();
+    }
     const int len = int(lengths.of_loaded(row, n));
     const uint32_t k_eff = uint32_t(min_of<int64_t>(k, len));
-    for (int i = tid; i < kRegisterBins; i += kRegisterThreads) ss.u.hist[0][i] = 0;
-    // 1. The row, and its smallest and largest keys.
+    // 1. The row, its smallest and largest keys, and the select's first
+    // pass: the top digit of every key, counted before the load's barrier
+    // (where the row's keys first differ is known only after it; a row
+    // whose keys share the top digit spends this pass).
+    constexpr int kTopWidth = kKeyBits < kRegisterDigitBits ? kKeyBits : kRegisterDigitBits;
+    constexpr int kTopLow = kKeyBits - kTopWidth;
     uint32_t key[kE];
     load_row_keys<U, kE>(x + row * n, int(n), len, first, codec, key);
     const int valid = max_of(0, min_of(kE, len - first));
@@ -236,6 +259,12 @@ JAX_TOPK_UNROLL
       if (e < valid) {
         lo = min_of(lo, key[e]);
         hi = max_of(hi, key[e]);
+      }
+    }
+    if (k_eff < uint32_t(len)) {  // uniform
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kE; ++e) {
+        if (e < valid) atomicAdd(&ss.u.hist[0][key[e] >> kTopLow], 1u);
       }
     }
     lo = warp_reduce_min(lo);
@@ -261,22 +290,24 @@ JAX_TOPK_UNROLL
       prefix = hi;
       whole = false;
     } else if (k_eff < uint32_t(len)) {  // uniform
-      shift = 32 - __clz(int(lo ^ hi));  // the bits at and above are common to every key
-      prefix = shift >= kKeyBits ? 0u : (hi >> shift) << shift;
+      const int common = 32 - __clz(int(lo ^ hi));  // the bits at and above are common to every key
+      shift = kKeyBits;  // the first pass (the top digit) was counted with the load
       for (int pass = 0;; ++pass) {
         const int width = shift < kRegisterDigitBits ? shift : kRegisterDigitBits;
         const int low = shift - width;
         const uint32_t digit_mask = (1u << width) - 1u;
         uint32_t* h = ss.u.hist[pass & 1];
+        if (pass > 0) {  // uniform
 JAX_TOPK_UNROLL
-        for (int e = 0; e < kE; ++e) {
-          if (e < valid && key_matches_prefix<U>(key[e], prefix, shift)) atomicAdd(&h[(key[e] >> low) & digit_mask], 1u);
+          for (int e = 0; e < kE; ++e) {
+            if (e < valid && key_matches_prefix<U>(key[e], prefix, shift)) atomicAdd(&h[(key[e] >> low) & digit_mask], 1u);
+          }
+          // The other histogram was last read by the previous pass's pick,
+          // which ended with a barrier.
+          uint32_t* next = ss.u.hist[(pass + 1) & 1];
+          for (int i = tid; i < kRegisterBins; i += kRegisterThreads) next[i] = 0;
+          __syncthreads();
         }
-        // The other histogram was last read by the previous pass's pick,
-        // which ended with a barrier.
-        uint32_t* next = ss.u.hist[(pass + 1) & 1];
-        for (int i = tid; i < kRegisterBins; i += kRegisterThreads) next[i] = 0;
-        __syncthreads();
         block_pick_digit(h, k_left, ss.warp_totals, &ss.pick);
         // Read by everybody before the next pass's first barrier; rewritten
         // only after its second.
@@ -285,21 +316,21 @@ JAX_TOPK_UNROLL
         k_left -= pick.above;
         shift = low;
         whole = pick.count == k_left;
-        if (pass == 0 && pick.above + pick.count <= uint32_t(kRegisterSortCapacity)) {  // uniform
+        if (pass == 0 && pick.above + pick.count <= uint32_t(kRegisterBucketCapacity)) {  // uniform
           candidates = pick.above + pick.count;
           break;
         }
         if (whole || shift == 0) break;  // uniform
+        if (shift > common) {  // bits [common, shift) are every key's: the next pass starts below them
+          shift = common;
+          prefix = (hi >> common) << common;
+        }
       }
     }
     timer.mark(kRegisterPhaseSelect);
     U* values_row = values + row * k;
     int32_t* indices_row = indices + row * k;
     if (candidates > 0) {  // uniform: the first pass's keys >= prefix, ordered by buckets
-      if (tid == 0) {  // every thread read them after the load's barrier
-        ss.lo = ~0u;
-        ss.hi = 0;
-      }
       rank_candidates_by_buckets<U, kE>(ss, key, valid, first, prefix, hi, candidates, k_eff, codec,
                                         lengths.pad_bits, values_row, indices_row);
       for (int64_t j = int64_t(k_eff) + tid; j < k; j += kRegisterThreads) {
@@ -343,10 +374,6 @@ JAX_TOPK_UNROLL
     // where floor and hi differ order them.
     const uint32_t floor = k_eff == uint32_t(len) ? lo : whole ? (prefix >> shift) << shift : prefix;
     const int sort_bits = k_eff <= 1 || floor == hi ? 0 : 32 - __clz(int(floor ^ hi));
-    if (tid == 0) {  // every thread read them after the load's barrier
-      ss.lo = ~0u;
-      ss.hi = 0;
-    }
     __syncthreads();
     timer.mark(kRegisterPhaseCompact);
 
@@ -360,7 +387,6 @@ JAX_TOPK_UNROLL
       write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
     }
     timer.mark(kRegisterPhaseSort);
-    __syncthreads();  // shared memory is reused by the next row
   }
 }
 

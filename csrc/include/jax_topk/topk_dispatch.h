@@ -442,11 +442,12 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int ele
 // k64 9.0 against 10.2; 132 x 4096 k256 5.5 against 10.5. At two rows per SM
 // the threshold kernel's two blocks per SM win some shapes (264 x 16384 k64:
 // 16.7 against 14.6, 264 x 8192 k256: 12.1 against 10.3) and lose others.
-// k above ~1024 mostly misses the bucket path (more than
-// kRegisterRowsMaxK candidates, the sort's buffer) and sorts: 1 x 8192 k2048 16.7 us,
-// where the cluster kernel takes 11.3 and the threshold kernel 13.7, but the
-// ragged rows k = 2048 16.7 against the threshold kernel's 40.5 (its short
-// rows fall back to a bitonic sort).
+// k = 2048 takes the bucket path too since the forty-eighth session (a
+// 3072-candidate buffer; benchmarks/results/nvidia-h200-topk-regimes-
+// register-capacity.txt): 1 / 132 x 8192 k2048 6.8 / 8.2 against 12.1 /
+// 15.6 (cluster / threshold row per block), 1 / 132 x 16384 k2048 9.2 / 11.3
+// against 11.4 / 16.0, the ragged rows k = 2048 9.8 against the threshold
+// kernel's 40.5 (its short rows fall back to a bitonic sort).
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
