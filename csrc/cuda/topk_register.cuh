@@ -232,16 +232,12 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       ss.hi = 0;
     }
   };
-  clear_row_state();
-  __syncthreads();
   PhaseTimer timer;
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    if (row != int64_t(blockIdx.x)) {  // the row before ends without a barrier
-      __syncthreads();
-      clear_row_state();
-      __syncthreads();
-    }
+    if (row != int64_t(blockIdx.x)) __syncthreads();  // the row before (no barrier at its end) is done with ss
+    clear_row_state();
+    __syncthreads();
     const int len = int(lengths.of_loaded(row, n));
     const uint32_t k_eff = uint32_t(min_of<int64_t>(k, len));
     // 1. The row, its smallest and largest keys, and the select's first
@@ -330,13 +326,17 @@ JAX_TOPK_UNROLL
     timer.mark(kRegisterPhaseSelect);
     U* values_row = values + row * k;
     int32_t* indices_row = indices + row * k;
-    if (candidates > 0) {  // uniform: the first pass's keys >= prefix, ordered by buckets
-      rank_candidates_by_buckets<U, kE>(ss, key, valid, first, prefix, hi, candidates, k_eff, codec,
-                                        lengths.pad_bits, values_row, indices_row);
+    // Both orderings end here: slots [k_eff, k) get the pad.
+    const auto pad_and_mark = [&] {
       for (int64_t j = int64_t(k_eff) + tid; j < k; j += kRegisterThreads) {
         write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
       }
       timer.mark(kRegisterPhaseSort);
+    };
+    if (candidates > 0) {  // uniform: the first pass's keys >= prefix, ordered by buckets
+      rank_candidates_by_buckets<U, kE>(ss, key, valid, first, prefix, hi, candidates, k_eff, codec,
+                                        lengths.pad_bits, values_row, indices_row);
+      pad_and_mark();
       continue;
     }
 
@@ -383,10 +383,7 @@ JAX_TOPK_UNROLL
     } else {
       sort_and_write_selected<2, U>(ss, int(k_eff), sort_bits, codec, lengths.pad_bits, values_row, indices_row);
     }
-    for (int64_t j = int64_t(k_eff) + tid; j < k; j += kRegisterThreads) {
-      write_packed_output(P(0), codec, lengths.pad_bits, values_row, indices_row, j);
-    }
-    timer.mark(kRegisterPhaseSort);
+    pad_and_mark();
   }
 }
 
