@@ -6,16 +6,20 @@
 // as the problem allows:
 //
 // 1. Thread t loads the E consecutive elements [t*E, t*E + E) of the row
-//    (16-byte loads) and keeps them as ordered keys in registers: the row is
-//    read once and never stored (the threshold kernel reads it twice). The
-//    row's smallest and largest keys, and the first pass's histogram (the
-//    keys' top digit), come with the load's barrier.
+//    (16-byte loads, issued beside the row length's load and before the
+//    row-start barrier) and keeps them as ordered keys in registers: the row
+//    is read once and never stored (the threshold kernel reads it twice).
+//    The row's smallest and largest keys, and the first pass's histogram
+//    (the keys' top digit), come with the load's barrier.
 // 2. Exact radix select of the k-th largest KEY, 11-bit digits from the top:
 //    a shared-memory histogram of the keys matching the prefix so far, then
 //    the whole block finds the bin of the k_left-th largest (two bins per
-//    thread, one block scan). A pass whose bin is taken whole ends the
-//    select (random float32 rows: after 2 passes). After the first pass the
-//    bits where the smallest and largest keys agree are skipped: a row whose
+//    thread, one block scan; the first pass's, where k is at most a quarter
+//    of the row and the bin lies within 64 of the largest key's, by every
+//    warp on its own, with no barrier). A
+//    pass whose bin is taken whole ends the select (random float32 rows:
+//    after 2 passes). After the first pass the bits where the smallest and
+//    largest keys agree are skipped: a row whose
 //    keys share their top digit (scores of one magnitude share their
 //    exponent) spends the first pass, which costs no barrier of its own.
 // 3. Exactly min(k, len) packed (key, ~index) values go to shared memory in
@@ -79,29 +83,36 @@ struct RegisterRowsShared {
   uint32_t lo, hi;  // the row's smallest and largest keys
 };
 
-// Keys of elements [first, first + kE) of a row of n elements (0 at and past
-// len, which is <= n): 16-byte loads where the thread's run is whole and
-// aligned, else element by element.
-template <typename U, int kE>
-__device__ JAX_TOPK_FORCE_INLINE void load_row_keys(const U* __restrict__ row, int n, int len, int first,
-                                                    KeyCodec<U> codec, uint32_t (&key)[kE]) {
+// Keys of elements [first, first + kE) of a row of n elements: 16-byte loads
+// where the thread's run is whole and aligned, else element by element (0
+// past n). Elements at and past the row's length are loaded too (the caller
+// counts only the first `valid`): gated on the length, they would wait for
+// its load, one more memory round trip on a row's critical path (small
+// while the lengths sit in L2, as in a benchmark's loop; a cold row's
+// whole round trip otherwise). kConvert false: the elements' raw bits
+// instead (the caller converts them later with codec.key, so that the loads
+// are still in flight while it waits at a barrier).
+template <typename U, int kE, bool kConvert = true>
+__device__ JAX_TOPK_FORCE_INLINE void load_row_keys(const U* __restrict__ row, int n, int first, KeyCodec<U> codec,
+                                                    uint32_t (&key)[kE]) {
+  const auto to_key = [&](U bits) { return kConvert ? uint32_t(codec.key(bits)) : uint32_t(bits); };
   constexpr int kVec = int(16 / sizeof(U));
   if constexpr (kE % kVec == 0) {
     if (first + kE <= n && reinterpret_cast<uintptr_t>(row + first) % 16 == 0) {
       const uint4* src = reinterpret_cast<const uint4*>(row + first);
       Vec16<U> data[kE / kVec];
 JAX_TOPK_UNROLL
-      for (int v = 0; v < kE / kVec; ++v) data[v].raw = first < len ? __ldg(src + v) : make_uint4(0, 0, 0, 0);
+      for (int v = 0; v < kE / kVec; ++v) data[v].raw = __ldg(src + v);
 JAX_TOPK_UNROLL
       for (int v = 0; v < kE / kVec; ++v) {
 JAX_TOPK_UNROLL
-        for (int j = 0; j < kVec; ++j) key[v * kVec + j] = codec.key(data[v].elems[j]);
+        for (int j = 0; j < kVec; ++j) key[v * kVec + j] = to_key(data[v].elems[j]);
       }
       return;
     }
   }
 JAX_TOPK_UNROLL
-  for (int e = 0; e < kE; ++e) key[e] = first + e < len ? uint32_t(codec.key(__ldg(row + first + e))) : 0u;
+  for (int e = 0; e < kE; ++e) key[e] = first + e < n ? to_key(__ldg(row + first + e)) : 0u;
 }
 
 // Thread t's two bins of a kRegisterBins histogram walked from the top
@@ -141,6 +152,36 @@ __device__ JAX_TOPK_FORCE_INLINE void block_pick_digit(const uint32_t* hist, uin
   __syncthreads();
 }
 
+// The first pass's pick without a barrier: every warp finds the bin of
+// hist[0:kRegisterBins) holding the k_left-th largest counted key (1 <=
+// k_left <= the total) on its own, from bin `top` (the largest key's) down,
+// 32 bins a step. A random row's k-th largest lies a few bins below its
+// largest (one step); a pick farther down than kRegisterWarpPickSteps steps
+// returns false (every warp the same), and the caller takes block_pick_digit.
+// hist must not change until every warp has returned.
+inline constexpr int kRegisterWarpPickSteps = 2;
+inline constexpr uint32_t kRegisterWarpPickMaxShare = 4;  // tried when 4 * k_eff <= len
+__device__ JAX_TOPK_FORCE_INLINE bool warp_pick_digit_from(const uint32_t* hist, int top, uint32_t k_left,
+                                                           DigitPick& pick) {
+  const int lane = lane_id();
+  uint32_t above = 0;  // the count in the bins above this step's
+JAX_TOPK_UNROLL
+  for (int step = 0; step < kRegisterWarpPickSteps; ++step) {
+    const int from = top - step * kWarpSize;
+    const int bin = from - lane;
+    const uint32_t count = bin >= 0 ? hist[bin] : 0u;
+    const uint32_t inclusive = above + warp_inclusive_sum(count, lane);
+    const uint32_t hit = warp_ballot(inclusive >= k_left);
+    if (hit != 0) {
+      const int l = __ffs(int(hit)) - 1;
+      pick = DigitPick{uint32_t(from - l), warp_shfl(inclusive - count, l), warp_shfl(count, l)};
+      return true;
+    }
+    above = warp_shfl(inclusive, kWarpSize - 1);
+  }
+  return false;
+}
+
 // Sorts ss.selected[0:count) by key (stably, key bits [0, key_bits)) and
 // writes each value to its output slot.
 template <int kItems, typename U>
@@ -178,7 +219,7 @@ __device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsSha
   const uint32_t span = hi - floor;
   const int width = span == 0 ? 0 : 32 - __clz(int(span));
   const int bucket_shift = width > kRegisterDigitBits ? width - kRegisterDigitBits : 0;
-  uint32_t* start = ss.u.hist[0];   // free since the pick's last barrier
+  uint32_t* start = ss.u.hist[0];   // the pick's; free once every warp has passed the count's barrier
   uint32_t* cursor = ss.u.hist[1];  // zero since the row began
   const auto bucket_of = [&](uint32_t kv) { return (kv - floor) >> bucket_shift; };
 JAX_TOPK_UNROLL
@@ -235,9 +276,6 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   PhaseTimer timer;
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    if (row != int64_t(blockIdx.x)) __syncthreads();  // the row before (no barrier at its end) is done with ss
-    clear_row_state();
-    __syncthreads();
     const int len = int(lengths.of_loaded(row, n));
     const uint32_t k_eff = uint32_t(min_of<int64_t>(k, len));
     // 1. The row, its smallest and largest keys, and the select's first
@@ -246,8 +284,21 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
     // whose keys share the top digit spends this pass).
     constexpr int kTopWidth = kKeyBits < kRegisterDigitBits ? kKeyBits : kRegisterDigitBits;
     constexpr int kTopLow = kKeyBits - kTopWidth;
+    // The loads are issued before the row's state is cleared, so that they
+    // are in flight across its barrier. 32-bit keys of at most 8 a thread
+    // are converted after it; narrower ones would have to be unpacked from
+    // their words first, which waits for the loads (and at 16 a thread
+    // ptxas spills), so they convert at the load.
+    constexpr bool kKeysAfterBarrier = sizeof(U) == sizeof(uint32_t) && kE <= 8;
     uint32_t key[kE];
-    load_row_keys<U, kE>(x + row * n, int(n), len, first, codec, key);
+    load_row_keys<U, kE, !kKeysAfterBarrier>(x + row * n, int(n), first, codec, key);
+    if (row != int64_t(blockIdx.x)) __syncthreads();  // the row before (no barrier at its end) is done with ss
+    clear_row_state();
+    __syncthreads();
+    if constexpr (kKeysAfterBarrier) {
+JAX_TOPK_UNROLL
+      for (int e = 0; e < kE; ++e) key[e] = uint32_t(codec.key(U(key[e])));
+    }
     const int valid = max_of(0, min_of(kE, len - first));
     uint32_t lo = ~0u, hi = 0;
 JAX_TOPK_UNROLL
@@ -304,10 +355,20 @@ JAX_TOPK_UNROLL
           for (int i = tid; i < kRegisterBins; i += kRegisterThreads) next[i] = 0;
           __syncthreads();
         }
-        block_pick_digit(h, k_left, ss.warp_totals, &ss.pick);
-        // Read by everybody before the next pass's first barrier; rewritten
-        // only after its second.
-        const DigitPick pick = ss.pick;
+        // Pass 0 counted every key, and the largest's bin is known: the
+        // warps pick on their own when the k-th largest is likely near the
+        // top, k_eff at most a quarter of the row (uniform). A failed walk
+        // costs its steps (ragged k = 2048 rows of 2000..8000, walked
+        // always: 9.8 -> 10.1 graph us), so deeper picks take the block's.
+        DigitPick pick;
+        const bool warp_picked = pass == 0 && kRegisterWarpPickMaxShare * k_eff <= uint32_t(len) &&
+                                 warp_pick_digit_from(h, int(hi >> kTopLow), k_left, pick);
+        if (!warp_picked) {
+          block_pick_digit(h, k_left, ss.warp_totals, &ss.pick);
+          // Read by everybody before the next pass's first barrier; rewritten
+          // only after its second.
+          pick = ss.pick;
+        }
         prefix |= pick.digit << low;
         k_left -= pick.above;
         shift = low;
@@ -316,7 +377,8 @@ JAX_TOPK_UNROLL
           candidates = pick.above + pick.count;
           break;
         }
-        if (whole || shift == 0) break;  // uniform
+        if (whole || shift == 0) break;  // uniform (the compaction's barrier comes before the sort reuses hist)
+        if (warp_picked) __syncthreads();  // the warps' picks read hist[0], which the next pass clears
         if (shift > common) {  // bits [common, shift) are every key's: the next pass starts below them
           shift = common;
           prefix = (hi >> common) << common;
