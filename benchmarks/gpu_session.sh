@@ -19,6 +19,8 @@
 #              (benchmarks/trace_calls.py), with and without XLA command buffers
 #   lengths    the self-test's per-row lengths cases, plain and under memcheck
 #   ragged     benchmarks/ragged.py: the ragged top-k case (lengths= against lax.top_k)
+#   trace_ragged  the same case's kernel time against the gaps inside XLA's executable
+#              (benchmarks/trace_calls.py --op ragged)
 #   routing    the fast route scores' error bounds over every float32 logit
 #              (csrc/cuda/tests/route_bounds_test.cu), then the routing tests on the GPU,
 #              including GPU == CPU (tests/test_routing_gpu.py)
@@ -205,6 +207,8 @@ for s in "$@"; do
       step memcheck_lengths 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$SELFTEST" --lengths --quick ;;
     ragged)
       step ragged 300 python3 benchmarks/ragged.py --out "$OUT" ;;
+    trace_ragged)
+      step trace_ragged 200 python3 benchmarks/trace_calls.py --op ragged --json "$OUT/trace_ragged.json" ;;
     routing)
       step route_bounds_build 200 "${NVCC[@]}" csrc/cuda/tests/route_bounds_test.cu -o /tmp/route_bounds_test &&
         step route_bounds 120 /tmp/route_bounds_test

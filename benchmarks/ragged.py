@@ -32,16 +32,10 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(2000, 8001, size=args.rows).astype(np.int32)
-    n = int(lengths.max())
-    shape = _bench.Shape(args.rows, n, args.k)
-    replicas = _bench.replicas_for(shape, jax.default_backend())
-    inputs = []
-    for r in range(replicas):
-        x = rng.standard_normal((args.rows, n)).astype(np.float32)
-        x[np.arange(n)[None, :] >= lengths[:, None]] = -np.inf
-        inputs.append(jax.device_put(x))
+    # Replicas for the longest possible row (the same count as for the drawn one here).
+    replicas = _bench.replicas_for(_bench.Shape(args.rows, 8000, args.k), jax.default_backend())
+    batch = _bench.make_ragged_batch(args.rows, replicas)
+    lengths, inputs = batch.lengths, batch.inputs
     lengths_dev = jnp.asarray(lengths)
     k = args.k
     contenders = {

@@ -15,6 +15,13 @@ pace; a kernel far slower here than in the self-test's --bench means the
 kernel itself behaves differently inside XLA (cold L2, other streams).
 
     python benchmarks/trace_calls.py [--shapes 16384x64:2,...] [--replicas 32] [--op sort]
+    python benchmarks/trace_calls.py --op ragged [--k 512]
+
+--op ragged traces the ragged case instead (``benchmarks/ragged.py``: 31 rows
+of 2000..8000 padded with -inf): one ``top_k(..., lengths=)`` call per batch
+against one padded ``lax.top_k``. Its kernel time inside XLA's executable,
+against the self-test's CUDA-graph time (where the next launch overlaps the
+kernel before it), says how much of the call is the kernel's own latency.
 """
 
 from __future__ import annotations
@@ -60,13 +67,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="16384x64:2,16384x256:8,4096x2048:16,1024x8192:256,1x131072:2048")
     parser.add_argument("--replicas", type=int, default=32)
-    parser.add_argument("--op", choices=("top_k", "sort"), default="top_k")
+    parser.add_argument("--op", choices=("top_k", "sort", "ragged"), default="top_k")
+    parser.add_argument("--k", type=int, default=512, help="k of --op ragged")
     parser.add_argument("--json", default=None, help="write the figures here")
     args = parser.parse_args()
     flags = os.environ.get("XLA_FLAGS", "")
     print(f"XLA_FLAGS={flags!r}  device={_bench.device_name()}")
     out = []
-    for shape in _bench.parse_shapes(args.shapes):
+    cases = []  # (label, inputs, ops)
+    if args.op == "ragged":
+        batch = _bench.make_ragged_batch(31, args.replicas)
+        lengths = jax.numpy.asarray(batch.lengths)
+        cases.append((f"ragged 31x{batch.n} k{args.k}", batch.inputs,
+                      (("jax_topk", lambda x: jax_topk.top_k(x, args.k, lengths=lengths)),
+                       ("lax", lambda x: jax.lax.top_k(x, args.k)))))
+    for shape in [] if args.op == "ragged" else _bench.parse_shapes(args.shapes):
         inputs = _bench.make_inputs(shape, args.replicas)
         if args.op == "sort":
             ops = (("jax_topk", lambda x: jax_topk.sort(x, descending=True)),
@@ -74,15 +89,17 @@ def main() -> None:
         else:
             ops = (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
                    ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k)))
+        cases.append((str(shape), inputs, ops))
+    for label, inputs, ops in cases:
         for name, op in ops:
             wall = _bench.measure(op, inputs, repeats=10, device_clock=False).wall_seconds * 1e6
             t = trace(op, inputs)
-            t.update(shape=str(shape), op=name, wall_us_per_op=wall, xla_flags=flags)
+            t.update(shape=label, op=name, wall_us_per_op=wall, xla_flags=flags)
             out.append(t)
             if "error" in t:
-                print(f"{str(shape):<18} {name:<9} {t['error']}")
+                print(f"{label:<18} {name:<9} {t['error']}")
                 continue
-            print(f"{str(shape):<18} {name:<9} wall {wall:8.1f}  span {t['span_us_per_op']:8.1f}  "
+            print(f"{label:<18} {name:<9} wall {wall:8.1f}  span {t['span_us_per_op']:8.1f}  "
                   f"busy {t['busy_us_per_op']:8.1f}  gap {t['gap_us_per_op']:7.1f}  "
                   f"kernels/op {t['kernels_per_op']:.1f}  top {json.dumps({k: round(v, 1) for k, v in t['top_kernels_us_per_op'].items()})}",
                   flush=True)

@@ -122,6 +122,35 @@ def make_inputs(shape: Shape, replicas: int, seed: int = 0) -> list[jax.Array]:
 
 
 @dataclasses.dataclass(frozen=True)
+class RaggedBatch:
+    """The ragged case of the sort-and-ragged issue: rows of lengths uniform
+    in [low, high] padded with -inf to the longest, ``replicas`` distinct
+    batches of the same lengths (``benchmarks/ragged.py``,
+    ``benchmarks/trace_calls.py --op ragged``)."""
+
+    lengths: np.ndarray  # int32, one per row
+    inputs: list  # jax.Array [rows, max(lengths)] float32, one per replica
+
+    @property
+    def n(self) -> int:
+        return int(self.lengths.max())
+
+
+def make_ragged_batch(rows: int, replicas: int, low: int = 2000, high: int = 8000, seed: int = 0) -> RaggedBatch:
+    """``rows`` lengths drawn uniformly from [low, high] (seed ``seed``), then
+    ``replicas`` float32 batches of standard normals padded with -inf."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(low, high + 1, size=rows).astype(np.int32)
+    n = int(lengths.max())
+    inputs = []
+    for _ in range(replicas):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        x[np.arange(n)[None, :] >= lengths[:, None]] = -np.inf
+        inputs.append(jax.device_put(x))
+    return RaggedBatch(lengths, inputs)
+
+
+@dataclasses.dataclass(frozen=True)
 class OpTime:
     """Seconds per op: ``seconds`` is the headline (``clock`` says which)."""
 

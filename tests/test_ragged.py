@@ -80,3 +80,21 @@ def test_errors(arrays, error, message):
 def test_k_larger_than_the_longest_array_is_an_error():
     with pytest.raises(ValueError, match=r"k=4 must be in \[0, 3\]"):
         jax_topk.ragged_top_k([jnp.zeros(3), jnp.zeros(2)], 4)
+
+
+def test_benchmark_ragged_batch_pads_past_each_length():
+    """The benchmarks' ragged batch (benchmarks/ragged.py, trace_calls.py --op
+    ragged): lengths within bounds, -inf exactly past each row's length,
+    distinct replicas; top_k with lengths= equals the padded lax.top_k on it."""
+    from jax_topk import _bench
+
+    batch = _bench.make_ragged_batch(5, 2, low=3, high=40, seed=1)
+    assert batch.lengths.dtype == np.int32 and np.all((batch.lengths >= 3) & (batch.lengths <= 40))
+    assert all(x.shape == (5, batch.n) for x in batch.inputs)
+    for x in map(np.asarray, batch.inputs):
+        past = np.arange(batch.n)[None, :] >= batch.lengths[:, None]
+        assert np.all(np.isneginf(x[past])) and np.all(np.isfinite(x[~past]))
+    assert not np.array_equal(np.asarray(batch.inputs[0]), np.asarray(batch.inputs[1]))
+    want = jax.lax.top_k(batch.inputs[0], 3)
+    got = jax_topk.top_k(batch.inputs[0], 3, lengths=jnp.asarray(batch.lengths))
+    assert oracle.same_bits(got[0], want[0]) and np.array_equal(got[1], want[1])
