@@ -16,11 +16,10 @@
 //    the whole block finds the bin of the k_left-th largest (two bins per
 //    thread, one block scan; the first pass's, where k is at most a quarter
 //    of the row and the bin lies within 64 of the largest key's, by every
-//    warp on its own, with no barrier). A
-//    pass whose bin is taken whole ends the select (random float32 rows:
-//    after 2 passes). After the first pass the bits where the smallest and
-//    largest keys agree are skipped: a row whose
-//    keys share their top digit (scores of one magnitude share their
+//    warp on its own, with no barrier). A pass whose bin is taken whole ends
+//    the select (random float32 rows: after 2 passes). After the first pass
+//    the bits where the smallest and largest keys agree are skipped: a row
+//    whose keys share their top digit (scores of one magnitude share their
 //    exponent) spends the first pass, which costs no barrier of its own.
 // 3. Exactly min(k, len) packed (key, ~index) values go to shared memory in
 //    index order, placed by one block scan of per-thread counts (outright
@@ -62,8 +61,13 @@ enum RegisterPhase : int {
   kRegisterPhaseLoad = 0,     // the row into registers, its smallest and largest keys
   kRegisterPhaseSelect = 1,   // the radix passes
   kRegisterPhaseCompact = 2,  // the k selected into shared memory
-  kRegisterPhaseSort = 3,     // the sort and the writes
+  kRegisterPhaseSort = 3,     // the sort and the writes (the buckets' ranks and writes)
+  // The bucket ranking's steps before its ranks (rank_candidates_by_buckets):
+  kRegisterPhaseBucketCount = 4,    // the candidates' count per bucket and its barrier
+  kRegisterPhaseBucketStarts = 5,   // the scan from the top bucket down, the starts and their barrier
+  kRegisterPhaseBucketScatter = 6,  // each candidate to its bucket's span, and the barrier
 };
+static_assert(kRegisterPhaseBucketScatter < kPhaseTimerSlots, "a PhaseTimer slot each");
 
 // The bucket ranking's capacity: the first pass's candidates of a row at k =
 // kRegisterRowsMaxK are k plus part of the pick's bin (random float32 rows of
@@ -212,7 +216,8 @@ template <typename U, int kE>
 __device__ JAX_TOPK_FORCE_INLINE void rank_candidates_by_buckets(RegisterRowsShared& ss, const uint32_t (&key)[kE],
                                                                 int valid, int first, uint32_t floor, uint32_t hi,
                                                                 uint32_t total, uint32_t k_eff, KeyCodec<U> codec,
-                                                                U pad_bits, U* values_row, int32_t* indices_row) {
+                                                                U pad_bits, U* values_row, int32_t* indices_row,
+                                                                PhaseTimer& timer) {
   using P = uint64_t;
   using Pack = KeyIndexPacking<U, P>;
   const int tid = int(threadIdx.x);
@@ -227,11 +232,13 @@ JAX_TOPK_UNROLL
     if (e < valid && key[e] >= floor) atomicAdd(&cursor[bucket_of(key[e])], 1u);
   }
   __syncthreads();
+  timer.mark(kRegisterPhaseBucketCount);
   // A bucket's start: the candidates in the buckets above it.
   const BinsFromTop b = block_scan_bins_from_top(cursor, ss.warp_totals);
   start[b.top] = cursor[b.top] = b.above;  // (only this thread touches its two buckets)
   start[b.top - 1] = cursor[b.top - 1] = b.above + b.upper;
   __syncthreads();
+  timer.mark(kRegisterPhaseBucketStarts);
 JAX_TOPK_UNROLL
   for (int e = 0; e < kE; ++e) {
     if (e < valid && key[e] >= floor) {
@@ -239,6 +246,7 @@ JAX_TOPK_UNROLL
     }
   }
   __syncthreads();  // each bucket's span is [start, cursor)
+  timer.mark(kRegisterPhaseBucketScatter);
   for (uint32_t j = uint32_t(tid); j < total; j += kRegisterThreads) {
     const P p = ss.selected[j];
     const uint32_t b = bucket_of(uint32_t(Pack::key(p)));
@@ -397,7 +405,7 @@ JAX_TOPK_UNROLL
     };
     if (candidates > 0) {  // uniform: the first pass's keys >= prefix, ordered by buckets
       rank_candidates_by_buckets<U, kE>(ss, key, valid, first, prefix, hi, candidates, k_eff, codec,
-                                        lengths.pad_bits, values_row, indices_row);
+                                        lengths.pad_bits, values_row, indices_row, timer);
       pad_and_mark();
       continue;
     }
