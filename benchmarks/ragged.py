@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
     # Replicas for the longest possible row (the same count as for the drawn one here).
-    replicas = _bench.replicas_for(_bench.Shape(args.rows, 8000, args.k), jax.default_backend())
+    replicas = _bench.replicas_for(_bench.Shape(args.rows, _bench.RAGGED_LENGTHS[1], args.k), jax.default_backend())
     batch = _bench.make_ragged_batch(args.rows, replicas)
     lengths, inputs = batch.lengths, batch.inputs
     lengths_dev = jnp.asarray(lengths)

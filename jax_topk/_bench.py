@@ -136,7 +136,11 @@ class RaggedBatch:
         return int(self.lengths.max())
 
 
-def make_ragged_batch(rows: int, replicas: int, low: int = 2000, high: int = 8000, seed: int = 0) -> RaggedBatch:
+RAGGED_LENGTHS = (2000, 8000)  # the issue's row lengths: uniform in [2000, 8000]
+
+
+def make_ragged_batch(rows: int, replicas: int, low: int = RAGGED_LENGTHS[0], high: int = RAGGED_LENGTHS[1],
+                      seed: int = 0) -> RaggedBatch:
     """``rows`` lengths drawn uniformly from [low, high] (seed ``seed``), then
     ``replicas`` float32 batches of standard normals padded with -inf."""
     rng = np.random.default_rng(seed)
