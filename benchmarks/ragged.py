@@ -27,7 +27,7 @@ from jax_topk import _bench
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=31)
+    parser.add_argument("--rows", type=int, default=_bench.RAGGED_ROWS)
     parser.add_argument("--k", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))

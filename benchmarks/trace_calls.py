@@ -63,6 +63,29 @@ def trace(op, inputs, replays: int = 5) -> dict:
     }
 
 
+def shape_cases(args) -> list:
+    """(label, inputs, contenders) for each shape of --shapes."""
+    cases = []
+    for shape in _bench.parse_shapes(args.shapes):
+        inputs = _bench.make_inputs(shape, args.replicas)
+        if args.op == "sort":
+            ops = (("jax_topk", lambda x: jax_topk.sort(x, descending=True)),
+                   ("argsort", lambda x: jax.numpy.argsort(x, axis=-1, stable=True, descending=True)))
+        else:
+            ops = (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
+                   ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k)))
+        cases.append((str(shape), inputs, ops))
+    return cases
+
+
+def ragged_cases(k: int, replicas: int) -> list:
+    """The ragged batch of benchmarks/ragged.py: one lengths= call against one padded lax.top_k."""
+    batch = _bench.make_ragged_batch(_bench.RAGGED_ROWS, replicas)
+    lengths = jax.numpy.asarray(batch.lengths)
+    ops = (("jax_topk", lambda x: jax_topk.top_k(x, k, lengths=lengths)), ("lax", lambda x: jax.lax.top_k(x, k)))
+    return [(f"ragged {_bench.RAGGED_ROWS}x{batch.n} k{k}", batch.inputs, ops)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="16384x64:2,16384x256:8,4096x2048:16,1024x8192:256,1x131072:2048")
@@ -74,22 +97,7 @@ def main() -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     print(f"XLA_FLAGS={flags!r}  device={_bench.device_name()}")
     out = []
-    cases = []  # (label, inputs, ops)
-    if args.op == "ragged":
-        batch = _bench.make_ragged_batch(31, args.replicas)
-        lengths = jax.numpy.asarray(batch.lengths)
-        cases.append((f"ragged 31x{batch.n} k{args.k}", batch.inputs,
-                      (("jax_topk", lambda x: jax_topk.top_k(x, args.k, lengths=lengths)),
-                       ("lax", lambda x: jax.lax.top_k(x, args.k)))))
-    for shape in [] if args.op == "ragged" else _bench.parse_shapes(args.shapes):
-        inputs = _bench.make_inputs(shape, args.replicas)
-        if args.op == "sort":
-            ops = (("jax_topk", lambda x: jax_topk.sort(x, descending=True)),
-                   ("argsort", lambda x: jax.numpy.argsort(x, axis=-1, stable=True, descending=True)))
-        else:
-            ops = (("jax_topk", lambda x, k=shape.k: jax_topk.top_k(x, k)),
-                   ("lax", lambda x, k=shape.k: jax.lax.top_k(x, k)))
-        cases.append((str(shape), inputs, ops))
+    cases = ragged_cases(args.k, args.replicas) if args.op == "ragged" else shape_cases(args)
     for label, inputs, ops in cases:
         for name, op in ops:
             wall = _bench.measure(op, inputs, repeats=10, device_clock=False).wall_seconds * 1e6

@@ -136,7 +136,8 @@ class RaggedBatch:
         return int(self.lengths.max())
 
 
-RAGGED_LENGTHS = (2000, 8000)  # the row lengths: uniform in [2000, 8000]
+RAGGED_ROWS = 31  # the ragged case: 31 rows
+RAGGED_LENGTHS = (2000, 8000)  # of lengths uniform in [2000, 8000]
 
 
 def make_ragged_batch(rows: int, replicas: int, low: int = RAGGED_LENGTHS[0], high: int = RAGGED_LENGTHS[1],
