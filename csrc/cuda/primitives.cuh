@@ -99,9 +99,6 @@ JAX_TOPK_HOST_DEVICE JAX_TOPK_FORCE_INLINE int64_t clamp_row_length(int32_t leng
   return len < 0 ? 0 : len > n ? n : len;
 }
 
-// What RowLengths::of_loaded reads without lengths: clamps to n.
-__device__ const int32_t kWholeRowLength = 0x7fffffff;
-
 template <typename U>
 struct RowLengths {
   const int32_t* lengths;  // device, one int32 per row, any value; nullptr: whole rows
@@ -113,11 +110,12 @@ struct RowLengths {
   __device__ JAX_TOPK_FORCE_INLINE int64_t of(int64_t row, int64_t n) const {
     return lengths == nullptr ? n : clamp_row_length(__ldg(lengths + row), n);
   }
-  // The same as one unconditional load. For the block kernels' row loops,
-  // where a load per row costs nothing but the branch of `of` upsets ptxas's
-  // register allocation (sm_90: up to +27 registers, or spills).
+  // The same as one predicated load (without lengths it reads nothing and
+  // clamps INT32_MAX to n). For the block kernels' row loops, where the
+  // branch of `of` upsets ptxas's register allocation (sm_90: up to +27
+  // registers, or spills).
   __device__ JAX_TOPK_FORCE_INLINE int64_t of_loaded(int64_t row, int64_t n) const {
-    return clamp_row_length(__ldg(lengths != nullptr ? lengths + row : &kWholeRowLength), n);
+    return clamp_row_length(load_readonly_or(lengths, row, 0x7fffffff), n);
   }
 };
 

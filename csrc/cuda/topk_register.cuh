@@ -6,7 +6,7 @@
 // as the problem allows:
 //
 // 1. Thread t loads the E consecutive elements [t*E, t*E + E) of the row
-//    (16-byte loads, issued beside the row length's load and before the
+//    (16-byte loads, issued first: before the row length's load and the
 //    row-start barrier) and keeps them as ordered keys in registers: the row
 //    is read once and never stored (the threshold kernel reads it twice).
 //    The row's smallest and largest keys, and the first pass's histogram
@@ -282,25 +282,35 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
     }
   };
   PhaseTimer timer;
+  // 1. The row, its smallest and largest keys, and the select's first pass:
+  // the top digit of every key, counted before the load's barrier (where
+  // the row's keys first differ is known only after it; a row whose keys
+  // share the top digit spends this pass).
+  constexpr int kTopWidth = kKeyBits < kRegisterDigitBits ? kKeyBits : kRegisterDigitBits;
+  constexpr int kTopLow = kKeyBits - kTopWidth;
+  // A row's loads are issued before anything else of it (its length's load
+  // and the clearing of its state), so that they are in flight across its
+  // first barrier: the first row's before the loop, whose preamble would
+  // otherwise come first (the loop's test, the clearing's addresses: ncu,
+  // session 50). The grid has at most one block per row, so blockIdx.x <
+  // rows. 32-bit keys of at most 8 a thread are converted after the barrier;
+  // narrower ones would have to be unpacked from their words first, which
+  // waits for the loads (and at 16 a thread ptxas spills), so they convert
+  // at the load.
+  constexpr bool kKeysAfterBarrier = sizeof(U) == sizeof(uint32_t) && kE <= 8;
+  uint32_t key[kE];
+  const auto load_row = [&](int64_t row) {
+    load_row_keys<U, kE, !kKeysAfterBarrier>(x + row * n, int(n), first, codec, key);
+  };
+  load_row(blockIdx.x);
 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    if (row != int64_t(blockIdx.x)) {
+      load_row(row);
+      __syncthreads();  // the row before (no barrier at its end) is done with ss
+    }
     const int len = int(lengths.of_loaded(row, n));
     const uint32_t k_eff = uint32_t(min_of<int64_t>(k, len));
-    // 1. The row, its smallest and largest keys, and the select's first
-    // pass: the top digit of every key, counted before the load's barrier
-    // (where the row's keys first differ is known only after it; a row
-    // whose keys share the top digit spends this pass).
-    constexpr int kTopWidth = kKeyBits < kRegisterDigitBits ? kKeyBits : kRegisterDigitBits;
-    constexpr int kTopLow = kKeyBits - kTopWidth;
-    // The loads are issued before the row's state is cleared, so that they
-    // are in flight across its barrier. 32-bit keys of at most 8 a thread
-    // are converted after it; narrower ones would have to be unpacked from
-    // their words first, which waits for the loads (and at 16 a thread
-    // ptxas spills), so they convert at the load.
-    constexpr bool kKeysAfterBarrier = sizeof(U) == sizeof(uint32_t) && kE <= 8;
-    uint32_t key[kE];
-    load_row_keys<U, kE, !kKeysAfterBarrier>(x + row * n, int(n), first, codec, key);
-    if (row != int64_t(blockIdx.x)) __syncthreads();  // the row before (no barrier at its end) is done with ss
     clear_row_state();
     __syncthreads();
     if constexpr (kKeysAfterBarrier) {

@@ -206,6 +206,24 @@ __device__ JAX_TOPK_FORCE_INLINE void warp_sync() {
 #endif
 }
 
+// base[offset] where base is not null, else `fallback`: one predicated
+// read-only load. The select `base ? base + offset : &some_global` it
+// replaces fetches the global's address from the constant bank first, a miss
+// at a kernel's start that the load then waits for (the register rows' ncu
+// profile, session 50: ~4% of a block's samples, before its row could load).
+__device__ JAX_TOPK_FORCE_INLINE int32_t load_readonly_or(const int32_t* base, int64_t offset, int32_t fallback) {
+#if defined(JAX_TOPK_HIP) || !defined(__CUDA_ARCH__)
+  return base != nullptr ? __ldg(base + offset) : fallback;
+#else
+  int32_t v = fallback;
+  const uint64_t address = reinterpret_cast<uint64_t>(base) + uint64_t(offset) * sizeof(int32_t);
+  asm("{\n\t.reg .pred p;\n\tsetp.ne.u64 p, %1, 0;\n\t@p ld.global.nc.b32 %0, [%2];\n\t}"
+      : "+r"(v)
+      : "l"(reinterpret_cast<uint64_t>(base)), "l"(address));
+  return v;
+#endif
+}
+
 // Sum / max / min of v over the warp, in every lane (exact: integers).
 __device__ JAX_TOPK_FORCE_INLINE uint32_t warp_reduce_add(uint32_t v) {
 #if !defined(JAX_TOPK_HIP) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
