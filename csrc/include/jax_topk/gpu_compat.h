@@ -211,13 +211,17 @@ __device__ JAX_TOPK_FORCE_INLINE void warp_sync() {
 // replaces fetches the global's address from the constant bank first, a miss
 // at a kernel's start that the load then waits for (the register rows' ncu
 // profile, session 50: ~4% of a block's samples, before its row could load).
+// volatile keeps it after the kernel's griddepcontrol.wait (dependent
+// launches: the kernel before may write the lengths); a plain asm statement
+// claims to read no memory and could be hoisted above it (sm_90: the same
+// SASS either way today).
 __device__ JAX_TOPK_FORCE_INLINE int32_t load_readonly_or(const int32_t* base, int64_t offset, int32_t fallback) {
 #if defined(JAX_TOPK_HIP) || !defined(__CUDA_ARCH__)
   return base != nullptr ? __ldg(base + offset) : fallback;
 #else
   int32_t v = fallback;
   const uint64_t address = reinterpret_cast<uint64_t>(base) + uint64_t(offset) * sizeof(int32_t);
-  asm("{\n\t.reg .pred p;\n\tsetp.ne.u64 p, %1, 0;\n\t@p ld.global.nc.b32 %0, [%2];\n\t}"
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u64 p, %1, 0;\n\t@p ld.global.nc.b32 %0, [%2];\n\t}"
       : "+r"(v)
       : "l"(reinterpret_cast<uint64_t>(base)), "l"(address));
   return v;
