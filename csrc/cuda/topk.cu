@@ -458,6 +458,7 @@ gpuError_t launch_register_rows_e(const DeviceInfo& dev, const U* x, U* values, 
   gpuError_t err = prepare_kernel(dev.device, reinterpret_cast<const void*>(kernel), kRegisterThreads, 0,
                                   &per_sm);
   if (err != gpuSuccess) return err;
+  // At most one block per row: each block loads its first row before the loop tests it.
   const int64_t grid = persistent_row_grid(per_sm, dev, rows, 0);
   return launch_dependent(dev, kernel, dim3(unsigned(grid)), dim3(kRegisterThreads), 0, stream, x, rows, n, k,
                           codec, lengths, values, indices);
