@@ -448,9 +448,12 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int ele
 // 15.6 (cluster / threshold row per block), 1 / 132 x 16384 k2048 9.2 / 11.3
 // against 11.4 / 16.0, the ragged rows k = 2048 9.8 against the threshold
 // kernel's 40.5 (its short rows fall back to a bitonic sort). Forty-ninth
-// session (loads beside the length's, the first pick by every warp): the
+// session (loads not gated on the length, the first pick by every warp): the
 // ragged batch k = 512 / 1024 5.7 / 6.4 -> 5.4 / 6.1, 1 x 8192 k512 5.6 ->
 // 5.2 (benchmarks/results/nvidia-h200-topk-register-session49.txt).
+// Fiftieth (a row's loads issued before its length's, which the SASS had
+// still waited for): 5.4 / 6.1 -> 5.2-5.3 / 6.0, 132 x 8192 k512 6.7 -> 6.2
+// (nvidia-h200-topk-register-session50.txt).
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
