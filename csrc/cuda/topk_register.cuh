@@ -77,7 +77,7 @@ inline constexpr int kRegisterBucketCapacity = 3 * kRegisterBins / 2;
 static_assert(kRegisterSortCapacity <= kRegisterBucketCapacity, "the sort's k selected fit the buffer");
 
 struct RegisterRowsShared {
-  union {
+  union alignas(16) {  // 16: cleared by one 16-byte store a thread
     uint32_t hist[2][kRegisterBins];  // the select's histograms; the buckets' counts and starts
     BlockRadixSortShared<kRegisterThreads> sort;
   } u;
@@ -273,9 +273,13 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   const int first = tid * kE;
   // A row's shared state, set before it begins. The select's first pass
   // counts into hist[0] before the load's barrier, so both histograms are
-  // cleared (hist[1]: the second pass's, or the buckets' counts).
+  // cleared (hist[1]: the second pass's, or the buckets' counts): one
+  // 16-byte store a thread. (As a loop over the bins, ptxas kept the loop's
+  // index arithmetic: ~150 instructions a warp, issued between the row
+  // length's arrival and the row's first barrier; ncu, session 51.)
+  static_assert(sizeof(ss.u.hist) == kRegisterThreads * sizeof(uint4), "one 16-byte store a thread");
   const auto clear_row_state = [&] {
-    for (int i = tid; i < 2 * kRegisterBins; i += kRegisterThreads) ss.u.hist[i / kRegisterBins][i % kRegisterBins] = 0;
+    reinterpret_cast<uint4*>(&ss.u.hist[0][0])[tid] = make_uint4(0u, 0u, 0u, 0u);
     if (tid == 0) {
       ss.lo = ~0u;
       ss.hi = 0;
@@ -370,7 +374,8 @@ JAX_TOPK_UNROLL
           // The other histogram was last read by the previous pass's pick,
           // which ended with a barrier.
           uint32_t* next = ss.u.hist[(pass + 1) & 1];
-          for (int i = tid; i < kRegisterBins; i += kRegisterThreads) next[i] = 0;
+          next[tid] = 0;  // kRegisterBins = 2 * kRegisterThreads
+          next[tid + kRegisterThreads] = 0;
           __syncthreads();
         }
         // Pass 0 counted every key, and the largest's bin is known: the
