@@ -51,6 +51,7 @@
 # the hash of the C++/CUDA sources they came from); a later call that carries that folder
 # and sets JAX_TOPK_PREBUILT=<it> skips the build (~3 minutes of device time) and runs the
 # checkout's Python against those modules, refusing if the C++/CUDA sources changed since.
+# benchmarks/build_prebuilt.sh builds such a folder on the CPU machine instead (no device time).
 # The package is built first unless every step runs standalone CUDA programs only
 # (selftest, sanitize, kbench, kregimes, phases, lengths, nsa_kernel).
 # Example: OUT=/tmp/out bash benchmarks/gpu_session.sh selftest tests bench
@@ -102,9 +103,7 @@ for s in "$@"; do
   case $s in selftest|sanitize|kbench|kregimes|phases|lengths|nsa_kernel) ;; *) needs_package=1 ;; esac
 done
 # What the compiled modules are built from: a later call may reuse them only for the same sources.
-native_sources_hash() {
-  find csrc ffi CMakeLists.txt pyproject.toml -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16
-}
+native_sources_hash() { bash benchmarks/native_sources_hash.sh; }
 if [[ $needs_package == 1 || $# == 0 ]]; then
   if [[ -n ${JAX_TOPK_PREBUILT:-} ]]; then
     # A device call's build costs ~3 minutes of device time: reuse the modules an earlier call

@@ -453,7 +453,9 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int ele
 // 5.2 (benchmarks/results/nvidia-h200-topk-register-session49.txt).
 // Fiftieth (a row's loads issued before its length's, which the SASS had
 // still waited for): 5.4 / 6.1 -> 5.2-5.3 / 6.0, 132 x 8192 k512 6.7 -> 6.2
-// (nvidia-h200-topk-register-session50.txt).
+// (nvidia-h200-topk-register-session50.txt). Fifty-first: a row's state
+// cleared by one store a thread, ~145 instructions a warp fewer (not yet
+// timed; nvidia-h100-topk-register-session51.txt).
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
