@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   // counts into hist[0] before the load's barrier, so both histograms are
   // cleared (hist[1]: the second pass's, or the buckets' counts): one
   // 16-byte store a thread. (As a loop over the bins, ptxas kept the loop's
-  // index arithmetic: ~150 instructions a warp, issued between the row
+  // index arithmetic: ~145 instructions a warp, issued between the row
   // length's arrival and the row's first barrier; ncu, session 51.)
   static_assert(sizeof(ss.u.hist) == kRegisterThreads * sizeof(uint4), "one 16-byte store a thread");
   const auto clear_row_state = [&] {
