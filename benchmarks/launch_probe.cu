@@ -28,6 +28,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda/dependent_launch.cuh"
 #include "cuda/topk_cuda.h"
 
 #define CHECK(x)                                                                             \
@@ -60,22 +61,14 @@ __global__ void read_row_kernel(const float4* x, int n4, float* out) {
 
 using Launch = std::function<void(int, cudaStream_t, bool /*pdl*/)>;
 
-template <typename... Args>
-void launch_ex(void (*kernel)(Args...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+// kernel<<<grid, block, smem, stream>>>(args...), launched dependent (PDL) or not: the package's
+// launcher (dependent_launch.cuh) with the device's PDL flag set to `pdl`.
+template <typename... Params, typename... Args>
+void launch_ex(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
                Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  if (pdl) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  jax_topk::cuda::DeviceInfo dev;
+  dev.dependent_launches = pdl;
+  CHECK(jax_topk::cuda::launch_dependent(dev, kernel, grid, block, smem, stream, args...));
 }
 
 enum class Form { kFlat, kPdl, kChild };
