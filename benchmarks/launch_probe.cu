@@ -48,8 +48,8 @@ __global__ void empty_kernel(int* sink) {
   if (sink != nullptr && threadIdx.x == 0 && blockIdx.x == 0x7fffffff) *sink = 1;
 }
 
-// Each block reads its row (float4 loads) and writes the row's sum of one
-// element per thread (a word): a launch that touches DRAM as a row kernel does.
+// Each block reads its row (float4 loads) and thread 0 writes its partial sum
+// (one word a block): a launch that touches DRAM as a row kernel does.
 __global__ void read_row_kernel(const float4* x, int n4, float* out) {
   float s = 0.f;
   for (int i = int(threadIdx.x); i < n4; i += int(blockDim.x)) {
