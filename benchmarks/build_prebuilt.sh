@@ -15,10 +15,16 @@
 #   $PYTHON312 -m pip install scikit-build-core nanobind jaxlib==0.10.2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON312:-$(command -v python3.12 || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -1)}
+# The first Python 3.12 that runs (a pyenv shim on PATH may exist and still fail).
+PY=${PYTHON312:-}
+if [[ -z $PY ]]; then
+  for candidate in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then PY=$candidate; break; fi
+  done
+fi
 ARCHS=${JAX_TOPK_CUDA_ARCHS:-90-real}
 OUT_DIR=${1:-benchmarks/.bin/prebuilt}
-[[ -x $PY ]] || { echo "no Python 3.12 (set PYTHON312)"; exit 1; }
+[[ -n $PY ]] || { echo "no Python 3.12 that runs (set PYTHON312)"; exit 1; }
 wheel_dir=$(mktemp -d)
 JAX_TOPK_CUDA=ON "$PY" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" \
   -C "cmake.define.JAX_TOPK_CUDA_ARCHITECTURES=$ARCHS" .
