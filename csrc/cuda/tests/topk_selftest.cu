@@ -1260,15 +1260,16 @@ void print_cluster_occupancy(int64_t rows, int64_t n, int64_t k) {
 }
 
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
-// padded to 8000, k = 512 (and 1024, and the indexer's 2048), one call with
-// lengths; in every regime that holds.
-void run_ragged_bench(int64_t k) {
-  constexpr int64_t kRows = 31, kN = 8000;
+// padded to width = 8000, k = 512 (and 1024, and the indexer's 2048), one call
+// with lengths; in every regime that holds. width = 7825 is benchmarks/ragged.py's
+// batch (padded to its longest row): rows not a multiple of 16 bytes long.
+void run_ragged_bench(int64_t k, int64_t width = 8000) {
+  constexpr int64_t kRows = 31;
   std::mt19937_64 rng(3);
-  std::uniform_int_distribution<int32_t> length(2000, 8000);
+  std::uniform_int_distribution<int32_t> length(2000, int32_t(width));
   std::vector<int32_t> host_lengths(kRows);
   for (int32_t& l : host_lengths) l = length(rng);
-  const std::vector<float*> inputs = normal_inputs(size_t(kRows * kN), 64, rng);
+  const std::vector<float*> inputs = normal_inputs(size_t(kRows * width), 64, rng);
   const int nbuf = int(inputs.size());
   float* values = nullptr;
   int32_t* indices = nullptr;
@@ -1277,22 +1278,22 @@ void run_ragged_bench(int64_t k) {
   CHECK_CUDA(cudaMalloc(&indices, size_t(kRows * k) * sizeof(int32_t)));
   CHECK_CUDA(cudaMalloc(&lengths, size_t(kRows) * sizeof(int32_t)));
   CHECK_CUDA(cudaMemcpy(lengths, host_lengths.data(), size_t(kRows) * sizeof(int32_t), cudaMemcpyHostToDevice));
-  const TopkRegime dispatched = choose_topk_regime(kRows, kN, k, 4, g_sm_count, g_has_clusters);
-  print_cluster_occupancy(kRows, kN, k);
+  const TopkRegime dispatched = choose_topk_regime(kRows, width, k, 4, g_sm_count, g_has_clusters);
+  print_cluster_occupancy(kRows, width, k);
   std::vector<TopkRegime> regimes = {dispatched};
   for (TopkRegime r : kComparedRegimes) {
     if (g_compare_regimes && r != dispatched) regimes.push_back(r);
   }
   for (TopkRegime r : regimes) {
-    if (!topk_regime_holds(r, kN, k, 4, g_has_clusters)) continue;
-    const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, kN, k, r);
+    if (!topk_regime_holds(r, width, k, 4, g_has_clusters)) continue;
+    const size_t bytes = jax_topk::cuda::topk_scratch_bytes(DType::float32, kRows, width, k, r);
     void* scratch = nullptr;
     if (bytes) CHECK_CUDA(cudaMalloc(&scratch, bytes));
     // The launch of rows [first, first + rows) of the batch.
     auto launch_rows = [&](int64_t first, int64_t rows) {
       return [&, first, rows](int i, cudaStream_t stream) {
-        CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)] + first * kN, values, indices,
-                                             rows, kN, k, lengths + first, scratch, bytes, stream, r));
+        CHECK_CUDA(jax_topk::cuda::topk_rows(DType::float32, inputs[size_t(i % nbuf)] + first * width, values, indices,
+                                             rows, width, k, lengths + first, scratch, bytes, stream, r));
       };
     };
     const auto launch_on = launch_rows(0, kRows);
@@ -1302,7 +1303,7 @@ void run_ragged_bench(int64_t k) {
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // zero them
 #endif
     char label[40];
-    std::snprintf(label, sizeof label, "ragged 31x8000 k%lld", (long long)k);
+    std::snprintf(label, sizeof label, "ragged 31x%lld k%lld", (long long)width, (long long)k);
     const double event_us = median_launch_us(launch, 5, 30);
 #if defined(JAX_TOPK_PHASE_TIMING)
     CHECK_CUDA(jax_topk::cuda::read_phase_cycles(cycles));  // the 35 launches above
@@ -1470,6 +1471,7 @@ void run_bench(const std::string& only) {
   }
   if (only.empty() || only == "ragged") {
     for (int64_t k : {512, 1024, 2048}) run_ragged_bench(k);
+    run_ragged_bench(512, 7825);
   }
 }
 
