@@ -1310,8 +1310,13 @@ void run_ragged_bench(int64_t k, int64_t width = 8000) {
 #endif
     // CUDA events around each launch also time the host's launch; the graph
     // time is the kernel's span, as in a jitted executable.
-    std::printf("%-22s %-20s %10.1f  graph %6.1f%s\n", label, topk_regime_name(r), event_us,
-                graph_launch_us(launch_on, 32), r == dispatched ? "  (dispatched)" : "");
+    // "cold": one launch per input copy (64 of ~1 MB here, more than the L2),
+    // so the rows come mostly from DRAM, as in a jitted executable of 128
+    // replicas (benchmarks/ragged.py); the 32 launches of "graph" revisit
+    // theirs in L2.
+    std::printf("%-22s %-20s %10.1f  graph %6.1f  cold %6.1f%s\n", label, topk_regime_name(r), event_us,
+                graph_launch_us(launch_on, 32), graph_launch_us(launch_on, nbuf),
+                r == dispatched ? "  (dispatched)" : "");
 #if defined(JAX_TOPK_PHASE_TIMING)
     print_phases(cycles, kRows);
     print_block_timeline(label, [&] { graph_launch_us(launch_on, 32); });
