@@ -1261,8 +1261,9 @@ void print_cluster_occupancy(int64_t rows, int64_t n, int64_t k) {
 
 // The sort issue's ragged batch: 31 rows of lengths uniform in 2000..8000,
 // padded to width = 8000, k = 512 (and 1024, and the indexer's 2048), one call
-// with lengths; in every regime that holds. width = 7825 is benchmarks/ragged.py's
-// batch (padded to its longest row): rows not a multiple of 16 bytes long.
+// with lengths; in every regime that holds. width = 7825 is the width of
+// benchmarks/ragged.py's batch (padded to its longest drawn row; the lengths
+// here are drawn up to it): rows not a multiple of 16 bytes long.
 void run_ragged_bench(int64_t k, int64_t width = 8000) {
   constexpr int64_t kRows = 31;
   std::mt19937_64 rng(3);
