@@ -141,12 +141,16 @@ RAGGED_LENGTHS = (2000, 8000)  # of lengths uniform in [2000, 8000]
 
 
 def make_ragged_batch(rows: int, replicas: int, low: int = RAGGED_LENGTHS[0], high: int = RAGGED_LENGTHS[1],
-                      seed: int = 0) -> RaggedBatch:
+                      seed: int = 0, width: int | None = None) -> RaggedBatch:
     """``rows`` lengths drawn uniformly from [low, high] (seed ``seed``), then
-    ``replicas`` float32 batches of standard normals padded with -inf."""
+    ``replicas`` float32 batches of standard normals padded with -inf to
+    ``width`` columns (default: the longest drawn length; a wider one, e.g. a
+    multiple of 4, starts every row on a 16-byte boundary)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(low, high + 1, size=rows).astype(np.int32)
-    n = int(lengths.max())
+    n = int(lengths.max()) if width is None else width
+    if n < int(lengths.max()):
+        raise ValueError(f"width={width} is less than the longest drawn length {int(lengths.max())}")
     inputs = []
     for _ in range(replicas):
         x = rng.standard_normal((rows, n)).astype(np.float32)

@@ -98,3 +98,17 @@ def test_benchmark_ragged_batch_pads_past_each_length():
     want = jax.lax.top_k(batch.inputs[0], 3)
     got = jax_topk.top_k(batch.inputs[0], 3, lengths=jnp.asarray(batch.lengths))
     assert oracle.same_bits(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_benchmark_ragged_batch_pads_to_a_given_width():
+    """``width`` pads the same draw wider (the rows aligned to 16 bytes), and
+    refuses a width below the longest length."""
+    from jax_topk import _bench
+
+    narrow = _bench.make_ragged_batch(4, 1, low=3, high=21, seed=2)
+    wide = _bench.make_ragged_batch(4, 1, low=3, high=21, seed=2, width=24)
+    assert np.array_equal(narrow.lengths, wide.lengths) and wide.inputs[0].shape == (4, 24)
+    past = np.arange(24)[None, :] >= wide.lengths[:, None]
+    assert np.all(np.isneginf(np.asarray(wide.inputs[0])[past]))
+    with pytest.raises(ValueError, match=f"width=2 is less than the longest drawn length {narrow.lengths.max()}"):
+        _bench.make_ragged_batch(4, 1, low=3, high=21, seed=2, width=2)
