@@ -5,10 +5,12 @@
 // time is the latency of its phases, not bandwidth; so it has as few phases
 // as the problem allows:
 //
-// 1. Thread t loads the E consecutive elements [t*E, t*E + E) of the row
-//    (16-byte loads, issued first: before the row length's load and the
-//    row-start barrier) and keeps them as ordered keys in registers: the row
-//    is read once and never stored (the threshold kernel reads it twice).
+// 1. Thread t loads E consecutive elements of the row (16-byte loads, issued
+//    first: before the row length's load and the row-start barrier) and
+//    keeps them as ordered keys in registers: the row is read once and never
+//    stored (the threshold kernel reads it twice). The runs start on 16-byte
+//    boundaries even where the row does not (register_run): a row of n not
+//    a multiple of 16 bytes still loads as vectors.
 //    The row's smallest and largest keys, and the first pass's histogram
 //    (the keys' top digit), come with the load's barrier.
 // 2. Exact radix select of the k-th largest KEY, 11-bit digits from the top:
@@ -90,7 +92,7 @@ struct RegisterRowsShared {
 // Keys of elements [first, first + kE) of a row of n elements: 16-byte loads
 // where the thread's run is whole and aligned, else element by element (0
 // past n). Elements at and past the row's length are loaded too (the caller
-// counts only the first `valid`): gated on the length, they would wait for
+// counts only its valid ones): gated on the length, they would wait for
 // its load, one more memory round trip on a row's critical path (small
 // while the lengths sit in L2, as in a benchmark's loop; a cold row's
 // whole round trip otherwise). kConvert false: the elements' raw bits
@@ -117,6 +119,32 @@ JAX_TOPK_UNROLL
   }
 JAX_TOPK_UNROLL
   for (int e = 0; e < kE; ++e) key[e] = first + e < n ? to_key(__ldg(row + first + e)) : 0u;
+}
+
+// A thread's run of a row: elements [first, first + kE) are loaded, the
+// first `held` of them are the thread's own (counted). Thread t > 0 runs
+// from t * kE - lead, where lead (the elements by which the row starts past
+// a 16-byte boundary) puts every such run on a boundary, so it loads as
+// vectors; thread 0 runs from 0 and holds kE - lead (it loads element by
+// element where lead > 0). Without this a row of 7825 float32 (31300 bytes:
+// three rows in four start off a boundary) loads element by element in
+// every thread: 6.5 us against 5.6 at 7828 through XLA (H100, session 53).
+// lead is 0 where the shifted runs would not reach the row's end (n + lead
+// > kRegisterThreads * kE) or runs are never whole vectors.
+struct RegisterRun {
+  int first;
+  int held;
+};
+template <typename U, int kE>
+__device__ JAX_TOPK_FORCE_INLINE RegisterRun register_run(const U* row, int64_t n) {
+  constexpr int kVec = int(16 / sizeof(U));
+  int lead = 0;
+  if constexpr (kE % kVec == 0) {
+    lead = int(reinterpret_cast<uintptr_t>(row) / sizeof(U)) & (kVec - 1);
+    if (n + lead > int64_t(kRegisterThreads) * kE) lead = 0;
+  }
+  const int tid = int(threadIdx.x);
+  return tid == 0 ? RegisterRun{0, kE - lead} : RegisterRun{tid * kE - lead, kE};
 }
 
 // Thread t's two bins of a kRegisterBins histogram walked from the top
@@ -270,7 +298,6 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   constexpr int kKeyBits = int(sizeof(U) * 8);
   __shared__ RegisterRowsShared ss;
   const int tid = int(threadIdx.x), lane = lane_id();
-  const int first = tid * kE;
   // A row's shared state, set before it begins. The select's first pass
   // counts into hist[0] before the load's barrier, so both histograms are
   // cleared (hist[1]: the second pass's, or the buckets' counts): one
@@ -303,8 +330,11 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   // at the load.
   constexpr bool kKeysAfterBarrier = sizeof(U) == sizeof(uint32_t) && kE <= 8;
   uint32_t key[kE];
+  RegisterRun run;
   const auto load_row = [&](int64_t row) {
-    load_row_keys<U, kE, !kKeysAfterBarrier>(x + row * n, int(n), first, codec, key);
+    const U* row_x = x + row * n;
+    run = register_run<U, kE>(row_x, n);
+    load_row_keys<U, kE, !kKeysAfterBarrier>(row_x, int(n), run.first, codec, key);
   };
   load_row(blockIdx.x);
 
@@ -321,7 +351,8 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
 JAX_TOPK_UNROLL
       for (int e = 0; e < kE; ++e) key[e] = uint32_t(codec.key(U(key[e])));
     }
-    const int valid = max_of(0, min_of(kE, len - first));
+    const int first = run.first;
+    const int valid = max_of(0, min_of(run.held, len - first));
     uint32_t lo = ~0u, hi = 0;
 JAX_TOPK_UNROLL
     for (int e = 0; e < kE; ++e) {
