@@ -190,6 +190,7 @@ README_RESULTS = [
     "nvidia-h100-80gb-hbm3.json",
     "nvidia-h200-sort.json",
     "nvidia-h200-ragged.json",
+    "nvidia-h100-80gb-hbm3-ragged.json",
     "nvidia-h200-routing.json",
     "cpu-x86-64-2cores-routing.json",
     "nvidia-h200-indexer.json",

@@ -457,7 +457,10 @@ constexpr int cluster_blocks_per_row(int64_t rows, int64_t n, int64_t k, int ele
 // cleared by one store a thread, ~145 instructions a warp fewer; timed in
 // the fifty-second (H100): ragged k = 512 / 1024 / 2048 5.3 / 5.8 / 9.6 ->
 // 5.0 / 5.5 / 9.3, through JAX 6.44 us, 8.6x padded lax.top_k
-// (nvidia-h100-topk-register-session52.txt).
+// (nvidia-h100-topk-register-session52.txt). Fifty-third: the threads' runs
+// start on 16-byte boundaries in rows that do not (register_run): through
+// JAX, benchmarks/ragged.py's 31 x 7825 6.44 -> 5.68 us (9.7x), aligned rows
+// 5.63 -> 5.69 (nvidia-h100-topk-register-session53.txt).
 inline constexpr int kRegisterRowsThreads = 1024;
 inline constexpr int kRegisterRowsMaxPerThread = 16;
 inline constexpr int64_t kRegisterRowsMaxN = int64_t(kRegisterRowsThreads) * kRegisterRowsMaxPerThread;
