@@ -80,7 +80,8 @@ def main(argv=None) -> int:
     ours = times[OURS]
     result = {
         "device": _bench.device_name(), "backend": jax.default_backend(), "jax": jax.__version__,
-        "rows": args.rows, "width": int(inputs[0].shape[1]), "k": k, "lengths": lengths.tolist(), "replicas": replicas, "repeats": args.repeats,
+        "rows": args.rows, "width": int(inputs[0].shape[1]), "k": k, "lengths": lengths.tolist(),
+        "replicas": replicas, "repeats": args.repeats,
         "times_us": times, "wall_us": wall, "clock": clocks,
     }
     for key, name, _ in SPEEDUPS:
