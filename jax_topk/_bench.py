@@ -148,9 +148,10 @@ def make_ragged_batch(rows: int, replicas: int, low: int = RAGGED_LENGTHS[0], hi
     multiple of 4, starts every row on a 16-byte boundary)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(low, high + 1, size=rows).astype(np.int32)
-    n = int(lengths.max()) if width is None else width
-    if n < int(lengths.max()):
-        raise ValueError(f"width={width} is less than the longest drawn length {int(lengths.max())}")
+    longest = int(lengths.max())
+    n = longest if width is None else width
+    if n < longest:
+        raise ValueError(f"width={width} is less than the longest drawn length {longest}")
     inputs = []
     for _ in range(replicas):
         x = rng.standard_normal((rows, n)).astype(np.float32)
